@@ -1,0 +1,86 @@
+"""The evaluation contract: a serialisable request in, a result out, behind a one-method protocol.
+
+The search, the fast path and the widgets talk to evaluators only through this module, so a GPU evaluator, the
+replay evaluator (committed real measurements) and the SIMULATED landscape used in tests are interchangeable,
+and a request can travel to another process or machine as JSON.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Literal, Protocol
+
+Level = Literal["L0", "L1", "L2", "L3"]
+Verdict = Literal["pass", "fail", "error", "unavailable"]
+Badge = Literal["real", "replayed", "simulated"]
+LEVELS: tuple[Level, ...] = ("L0", "L1", "L2", "L3")
+
+# A progress callback receives small dicts such as
+#   {"level": "L2", "rank": 1, "step": "verify", "done": 3, "total": 10}
+# It is called from the evaluating thread; widgets must marshal to their own lock.
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class EvalRequest:
+    """One unit of work. Everything is plain data so it serialises (to_json) for an executor or a cluster."""
+
+    candidate_code: str
+    workload_dir: str
+    params: dict[str, int] = field(default_factory=dict)  # overrides of the workload's defaults
+    world_size: int = 1
+    backend: str = "nccl"  # "nccl" | "symm"
+    parent_code: str | None = None  # for L0's frozen-bytes check; None skips that part
+    iters: int = 20  # timed iterations
+    warmup: int = 3
+    verify_every: int = 3  # verify about one timed iteration in this many, at random, plus the first
+    trials: int = 3  # L2: fresh-input verification trials before timing
+    seed: int = 0  # seeds inputs per (trial, rank) and the choice of verified iterations
+    measure_seed: bool = True  # re-measure the workload's seed in the same run for the ratio
+    label: str = ""  # free text for logs (program id, name)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EvalRequest":
+        return cls(**json.loads(text))
+
+
+@dataclass
+class EvalResult:
+    level_reached: Level
+    verdict: Verdict
+    reason: str = ""
+    median_ms: float | None = None  # median over timed iterations of the slowest rank's time
+    spread_ms: float | None = None  # (p90 - p10) of the same
+    iteration_ms: list[float] | None = None  # per timed iteration, max over ranks
+    per_rank_median_ms: list[float] | None = None
+    seed_median_ms: float | None = None  # the seed measured in the same run
+    speedup: float | None = None  # seed_median_ms / median_ms
+    max_rel_err: float | None = None
+    flagged: bool = False  # speed-up above 3x over the seed: a human looks before it counts
+    badge: Badge = "real"
+    logs: dict[str, str] = field(default_factory=dict)  # "build", "rank0", ... (tails, never parsed for results)
+    provenance: dict[str, Any] = field(default_factory=dict)  # gpu, driver, cuda, nccl, mps, git, date, world...
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+        return cls(**d)
+
+
+class Evaluator(Protocol):
+    """Anything that turns a request into a result. Implementations must not raise for a bad candidate: that is
+    a result with verdict "fail"; they raise only for misuse (unknown workload, bad request)."""
+
+    def evaluate(self, request: EvalRequest, progress: Progress | None = None) -> EvalResult: ...
+
+
+FLAG_SPEEDUP = 3.0  # above this over the seed, a result is flagged for review

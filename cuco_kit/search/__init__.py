@@ -1,0 +1,1 @@
+"""Evolutionary search: islands, parents, archive, phases, novelty, meta-summary, mutation sources, gate."""

@@ -1,0 +1,1 @@
+"""Notebook widgets (installed as cuco_kit.widgets)."""
