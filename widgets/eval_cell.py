@@ -1,0 +1,123 @@
+"""EvalCell: launch an evaluation on N ranks from a cell that returns at once, with per-rank progress, the
+cascade level reached, a log tail and a pandas table of every result in this cell."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+import ipywidgets as W
+import pandas as pd
+
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.workload import load_workload
+
+from ._common import Throttle, badge_html, esc, provenance_detail
+
+
+class EvalCell(W.VBox):
+    def __init__(self, evaluator: Evaluator, workload_dir: str | Path, *, candidates: dict[str, str] | None = None,
+                 ranks: Sequence[int] = (1, 2, 4), backends: Sequence[str] = ("nccl", "symm"),
+                 iters: int = 20, interval: float = 1.0) -> None:
+        self.evaluator = evaluator
+        self.workload = load_workload(workload_dir)
+        files = candidates or {f: (self.workload.directory / f).read_text()
+                               for f in sorted({*self.workload.seeds.values(), self.workload.baseline} - {None})}
+        self.sources = dict(files)
+        presets = {"default": {}, **self.workload.size_presets}
+        self.candidate = W.Dropdown(options=list(self.sources), description="candidate")
+        self.ranks = W.Dropdown(options=list(ranks), value=ranks[0], description="ranks")
+        self.backend = W.Dropdown(options=list(backends), value=backends[0], description="backend")
+        self.preset = W.Dropdown(options=list(presets), description="sizes")
+        self._presets = presets
+        self.iters = iters
+        self.button = W.Button(description="Evaluate", button_style="primary", icon="play")
+        self.button.on_click(lambda _: self.run())
+        self.level = W.HTML("<i>idle</i>")
+        self.bars = W.VBox()
+        self.log_view = W.HTML()
+        self.table = W.HTML()
+        self.results: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._state: dict[str, Any] = {"level": "", "ranks": {}, "lines": []}
+        self._thread: threading.Thread | None = None
+        self._refresh = Throttle(self._render, interval)
+        super().__init__([W.HBox([self.candidate, self.ranks, self.backend, self.preset, self.button]),
+                          self.level, self.bars, self.log_view, self.table])
+
+    # -- engine side (worker thread) -------------------------------------------------------------------------
+    def _progress(self, ev: dict[str, Any]) -> None:
+        with self._lock:
+            if ev.get("level"):
+                self._state["level"] = ev["level"]
+            if "rank" in ev and ev.get("total"):
+                self._state["ranks"][int(ev["rank"])] = (int(ev.get("done", 0)), int(ev["total"]),
+                                                         str(ev.get("step", "")))
+            if ev.get("message"):
+                self._state["lines"] = (self._state["lines"] + [str(ev["message"])])[-12:]
+        self._refresh()
+
+    def request(self) -> EvalRequest:
+        return EvalRequest(candidate_code=self.sources[self.candidate.value],
+                           workload_dir=str(self.workload.directory), params=dict(self._presets[self.preset.value]),
+                           world_size=int(self.ranks.value), backend=str(self.backend.value), iters=self.iters,
+                           label=str(self.candidate.value))
+
+    def run(self) -> threading.Thread:
+        """Start one evaluation in a worker thread and return at once."""
+        if self._thread is not None and self._thread.is_alive():
+            self.level.value = "<b>busy:</b> an evaluation is already running in this cell"
+            return self._thread
+        req = self.request()
+        with self._lock:
+            self._state = {"level": "starting", "ranks": {}, "lines": []}
+        self.button.disabled = True
+        self._thread = threading.Thread(target=self._work, args=(req,), daemon=True, name="cuco-evalcell")
+        self._thread.start()
+        return self._thread
+
+    def _work(self, req: EvalRequest) -> None:
+        try:
+            res = self.evaluator.evaluate(req, self._progress)
+        except Exception as exc:  # misuse (bad workload, bad request): show it, keep the cell usable
+            res = EvalResult(level_reached="L0", verdict="error", reason=f"{type(exc).__name__}: {exc}")
+        row = {"candidate": req.label, "ranks": req.world_size, "backend": req.backend,
+               "sizes": self.preset.value, "level": res.level_reached, "verdict": res.verdict,
+               "median_ms": res.median_ms, "spread_ms": res.spread_ms, "seed_ms": res.seed_median_ms,
+               "speedup": res.speedup, "flagged": res.flagged, "badge": res.badge, "reason": res.reason,
+               "gpu": res.provenance.get("gpu")}
+        with self._lock:
+            self.results.append(row)
+            self._state["level"] = f"{res.level_reached}: {res.verdict}"
+            self._state["lines"] = (self._state["lines"] + [res.reason] +
+                                    [t[-400:] for t in res.logs.values()])[-12:]
+            self._state["badge"] = (res.badge, provenance_detail(res.provenance))
+        self.button.disabled = False
+        self._refresh.flush()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- UI side ---------------------------------------------------------------------------------------------
+    def _render(self) -> None:
+        with self._lock:
+            st = {k: (dict(v) if isinstance(v, dict) else v) for k, v in self._state.items()}
+            rows = list(self.results)
+        badge = badge_html(*st["badge"]) if st.get("badge") else ""
+        self.level.value = f"level: <b>{esc(st['level'])}</b> {badge}"
+        bars = []
+        for rank, (done, total, step) in sorted(st["ranks"].items()):
+            bars.append(W.HBox([W.IntProgress(value=done, max=max(total, 1), description=f"rank {rank}"),
+                                W.HTML(esc(step))]))
+        self.bars.children = bars
+        self.log_view.value = ("<pre style='font-size:10px;max-height:160px;overflow:auto'>"
+                          + esc("\n".join(st["lines"])) + "</pre>") if st["lines"] else ""
+        self.table.value = self.frame(rows).to_html(index=False, escape=True, na_rep="-") if rows else ""
+
+    def frame(self, rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+        return pd.DataFrame(self.results if rows is None else rows)
+
+    def close(self) -> None:
+        self._refresh.close()
+        super().close()

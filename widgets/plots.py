@@ -1,0 +1,190 @@
+"""Live plotly views of a run: LineageTree, LatencyPlot, DesignSpaceMap.
+
+Each view reads the store through cuco_kit.report and redraws in `refresh()`; RunDashboard calls refresh from its
+throttled updater (about once a second), never per event.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import ipywidgets as W
+import pandas as pd
+import plotly.graph_objects as go
+
+from cuco_kit.report import cell_table, run_badge, run_frame, with_best_so_far
+from cuco_kit.store import Store
+
+from ._common import badge_html, esc
+
+_FAIL_SYMBOL = {"L0": "x", "L1": "x-thin", "L2": "triangle-down", "L3": "square-x"}
+
+
+def _hover(row: pd.Series) -> str:
+    parts = [f"#{row['program_id']} {esc(row['name'] or '')}", f"source: {esc(row['source'])}",
+             f"verdict: {esc(row['verdict'])} at {esc(row['level_reached'])}"]
+    if pd.notna(row["median_ms"]):
+        parts.append(f"median: {row['median_ms']:.3f} ms")
+    if pd.notna(row["speedup"]):
+        parts.append(f"speed-up vs seed: {row['speedup']:.2f}x")
+    if row["verdict"] != "pass" and row["reason"]:
+        parts.append(f"reason: {esc(str(row['reason'])[:80])}")
+    return "<br>".join(parts)
+
+
+class _RunView(W.VBox):
+    title = ""
+
+    def __init__(self, store: Store, run_id: int) -> None:
+        self.store, self.run_id = store, run_id
+        self.badge = W.HTML()
+        self.fig = go.FigureWidget()
+        self.fig.update_layout(height=360, margin=dict(l=40, r=10, t=30, b=30), title=self.title)
+        super().__init__([self.badge, self.fig])
+        self.refresh()
+
+    def frame(self) -> pd.DataFrame:
+        return run_frame(self.store, self.run_id)
+
+    def refresh(self) -> None:
+        badge, detail = run_badge(self.store, self.run_id)
+        self.badge.value = badge_html(badge, detail)
+        with self.fig.batch_update():
+            self._draw(self.frame())
+
+    def _draw(self, df: pd.DataFrame) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+class LineageTree(_RunView):
+    """Programs by generation; edges parent -> child; colour = speed-up vs the seed; failures marked by level.
+    Clicking a node calls every `on_select` callback with the program id."""
+
+    title = "Lineage (colour: speed-up vs seed)"
+
+    def __init__(self, store: Store, run_id: int) -> None:
+        self._select_callbacks: list[Callable[[int], None]] = []
+        self.positions: dict[int, tuple[float, float]] = {}
+        super().__init__(store, run_id)
+
+    def on_select(self, fn: Callable[[int], None]) -> None:
+        self._select_callbacks.append(fn)
+
+    def select(self, program_id: int) -> None:
+        for fn in self._select_callbacks:
+            fn(program_id)
+
+    def _layout(self, df: pd.DataFrame) -> None:
+        # Latest evaluation per program; y spreads programs of a generation.
+        self.positions.clear()
+        per_gen: dict[int, int] = {}
+        for _, row in df.drop_duplicates("program_id", keep="last").iterrows():
+            g = int(row["generation"] or 0)
+            per_gen[g] = per_gen.get(g, 0) + 1
+            self.positions[int(row["program_id"])] = (g, per_gen[g])
+
+    def _draw(self, df: pd.DataFrame) -> None:
+        self.fig.data = []
+        if df.empty:
+            return
+        last = df.drop_duplicates("program_id", keep="last")
+        self._layout(df)
+        ex, ey = [], []
+        for _, row in last.iterrows():
+            for parent in (row["parent_id"], row["second_parent_id"]):
+                if pd.notna(parent) and int(parent) in self.positions:
+                    (x0, y0), (x1, y1) = self.positions[int(parent)], self.positions[int(row["program_id"])]
+                    ex += [x0, x1, None]
+                    ey += [y0, y1, None]
+        self.fig.add_scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
+                             showlegend=False, name="edges")
+        ok = last[last["verdict"] == "pass"]
+        bad = last[last["verdict"] != "pass"]
+        if not ok.empty:
+            sp = ok["speedup"].fillna(1.0)
+            self.fig.add_scatter(
+                x=[self.positions[int(p)][0] for p in ok["program_id"]],
+                y=[self.positions[int(p)][1] for p in ok["program_id"]], mode="markers",
+                marker=dict(size=12, color=sp, colorscale="RdYlGn", cmid=1.0, showscale=True,
+                            colorbar=dict(title="x seed")),
+                customdata=ok["program_id"].tolist(), hovertext=[_hover(r) for _, r in ok.iterrows()],
+                hoverinfo="text", name="passed")
+        if not bad.empty:
+            self.fig.add_scatter(
+                x=[self.positions[int(p)][0] for p in bad["program_id"]],
+                y=[self.positions[int(p)][1] for p in bad["program_id"]], mode="markers",
+                marker=dict(size=11, color="#999",
+                            symbol=[_FAIL_SYMBOL.get(str(l), "x") for l in bad["level_reached"]]),
+                customdata=bad["program_id"].tolist(), hovertext=[_hover(r) for _, r in bad.iterrows()],
+                hoverinfo="text", name="failed (symbol = level)")
+        for trace in self.fig.data[1:]:
+            trace.on_click(self._clicked)
+        self.fig.update_xaxes(title="generation")
+        self.fig.update_yaxes(showticklabels=False)
+
+    def _clicked(self, trace: Any, points: Any, _selector: Any) -> None:
+        for i in points.point_inds:
+            self.select(int(trace.customdata[i]))
+
+
+class LatencyPlot(_RunView):
+    """Every evaluated candidate and the best so far against evaluation count, with the seed and any other
+    baselines (name -> ms) as horizontal lines."""
+
+    title = "Latency (slowest rank, median ms)"
+
+    def __init__(self, store: Store, run_id: int, baselines: dict[str, float] | None = None) -> None:
+        self.baselines = dict(baselines or {})
+        super().__init__(store, run_id)
+
+    def _draw(self, df: pd.DataFrame) -> None:
+        self.fig.data = []
+        self.fig.layout.shapes = ()
+        self.fig.layout.annotations = ()
+        if df.empty:
+            return
+        df = with_best_so_far(df).reset_index(drop=True)
+        n = list(range(1, len(df) + 1))
+        ok = df["verdict"] == "pass"
+        self.fig.add_scatter(x=[n[i] for i in df.index[ok]], y=df.loc[ok, "median_ms"], mode="markers",
+                             name="candidates", marker=dict(size=7, color="#1f77b4"),
+                             hovertext=[_hover(r) for _, r in df[ok].iterrows()], hoverinfo="text")
+        self.fig.add_scatter(x=n, y=df["best_ms"], mode="lines", line=dict(shape="hv", color="#2ca02c"),
+                             name="best so far")
+        lines = dict(self.baselines)
+        seeds = df["seed_median_ms"].dropna()
+        if not seeds.empty:
+            lines.setdefault("seed (same run)", float(seeds.median()))
+        for name, ms in lines.items():
+            if ms and math.isfinite(ms):
+                self.fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ms, y1=ms,
+                                   line=dict(dash="dash", color="#888"))
+                self.fig.add_annotation(xref="paper", x=1, yref="y", y=ms, text=esc(name), showarrow=False,
+                                        xanchor="right", yanchor="bottom")
+        self.fig.update_xaxes(title="evaluations")
+        self.fig.update_yaxes(title="ms")
+
+
+class DesignSpaceMap(W.VBox):
+    """Cells tried and the best latency in each, as a bar chart and a table."""
+
+    def __init__(self, store: Store, run_id: int) -> None:
+        self.store, self.run_id = store, run_id
+        self.badge = W.HTML()
+        self.fig = go.FigureWidget()
+        self.fig.update_layout(height=300, margin=dict(l=40, r=10, t=30, b=120), title="Best latency per cell")
+        self.table = W.HTML()
+        super().__init__([self.badge, self.fig, self.table])
+        self.refresh()
+
+    def refresh(self) -> None:
+        badge, detail = run_badge(self.store, self.run_id)
+        self.badge.value = badge_html(badge, detail)
+        cells = cell_table(run_frame(self.store, self.run_id))
+        self.cells = cells
+        with self.fig.batch_update():
+            self.fig.data = []
+            if not cells.empty:
+                self.fig.add_bar(x=[esc(c) for c in cells["cell"]], y=cells["best_ms"],
+                                 hovertext=[f"tried {t}, passed {p}" for t, p in zip(cells["tried"], cells["passed"])])
+        self.table.value = cells.to_html(index=False, escape=True, na_rep="-")

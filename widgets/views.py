@@ -1,0 +1,116 @@
+"""Static views: AnalysisView (communication graph + tables), TimelineView (per-rank kernel Gantt), LedgerView."""
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+import ipywidgets as W
+import pandas as pd
+import plotly.graph_objects as go
+
+from cuco_kit.store import Store
+
+from ._common import badge_html, esc
+
+_KIND_COLOUR = {"collective": "#d62728", "p2p": "#ff7f0e", "kernel": "#1f77b4", "blas": "#2ca02c",
+                "copy": "#9467bd"}
+
+
+def _table(rows: Iterable[Mapping[str, Any]], columns: list[str] | None = None) -> str:
+    df = pd.DataFrame(list(rows))
+    if columns is not None and not df.empty:
+        df = df[[c for c in columns if c in df.columns]]
+    if df.empty:
+        return "<i>none</i>"
+    return df.to_html(index=False, escape=True, na_rep="")
+
+
+class AnalysisView(W.VBox):
+    """The communication graph of a source (nodes in program order on one lane per stream; edges are buffer
+    dependencies, red when nothing orders them) and tables of calls, buffers and kernels.
+    `report` is cuco_kit.analysis.AnalysisReport or its to_json_dict()."""
+
+    def __init__(self, report: Any) -> None:
+        data = report.to_json_dict() if hasattr(report, "to_json_dict") else dict(report)
+        self.data = data
+        graph = data.get("graph") or {"nodes": [], "edges": []}
+        self.fig = go.FigureWidget()
+        self.fig.update_layout(height=320, margin=dict(l=90, r=10, t=30, b=30), title="Communication graph")
+        lanes = sorted({str(n.get("stream")) for n in graph["nodes"]})
+        lane = {s: i for i, s in enumerate(lanes)}
+        pos = {n["id"]: (n["id"], lane[str(n.get("stream"))]) for n in graph["nodes"]}
+        for e in graph["edges"]:
+            (x0, y0), (x1, y1) = pos[e["src"]], pos[e["dst"]]
+            self.fig.add_scatter(x=[x0, x1], y=[y0, y1], mode="lines", showlegend=False,
+                                 line=dict(color="#d62728" if e.get("order") == "unordered" else "#888"),
+                                 hovertext=esc(f"{e.get('buffer')} ({e.get('kind')}, {e.get('order')})"),
+                                 hoverinfo="text")
+        for kind, colour in _KIND_COLOUR.items():
+            nodes = [n for n in graph["nodes"] if n.get("kind") == kind]
+            if nodes:
+                self.fig.add_scatter(
+                    x=[pos[n["id"]][0] for n in nodes], y=[pos[n["id"]][1] for n in nodes], mode="markers+text",
+                    name=kind, marker=dict(size=14, color=colour), text=[esc(n.get("name")) for n in nodes],
+                    textposition="top center",
+                    hovertext=[esc(f"{n.get('name')} line {n.get('line')} reads {n.get('reads')} writes "
+                                   f"{n.get('writes')}") for n in nodes], hoverinfo="text")
+        self.fig.update_yaxes(tickvals=list(range(len(lanes))), ticktext=[f"stream {esc(s)}" for s in lanes])
+        self.fig.update_xaxes(title="program order")
+        tabs = W.Tab([W.HTML(_table(data.get("collectives", []) + data.get("p2p", []))),
+                      W.HTML(_table(data.get("launches", []))), W.HTML(_table(data.get("kernels", []))),
+                      W.HTML(_table(data.get("allocations", []))), W.HTML(_table(graph["edges"]))])
+        for i, t in enumerate(["communication", "launches", "kernels", "buffers", "dependencies"]):
+            tabs.set_title(i, t)
+        self.tabs = tabs
+        super().__init__([W.HTML(f"<b>{esc(data.get('filename', ''))}</b>"), self.fig, tabs])
+
+
+class TimelineView(W.VBox):
+    """Per-rank, per-stream kernel Gantt of one evaluated candidate: what overlapped with what.
+    `events`: dicts {rank, stream, name, start_us, dur_us} (ranks on one host share a clock)."""
+
+    def __init__(self, events: Iterable[Mapping[str, Any]], badge: str = "real", detail: str = "") -> None:
+        ev = list(events)
+        self.events = ev
+        self.fig = go.FigureWidget()
+        self.fig.update_layout(height=120 + 30 * max(1, len({(e['rank'], e['stream']) for e in ev})),
+                               barmode="overlay", margin=dict(l=120, r=10, t=30, b=30),
+                               title="Kernel timeline (us)")
+        t0 = min((e["start_us"] for e in ev), default=0.0)
+        names = sorted({e["name"] for e in ev})
+        for name in names:
+            sel = [e for e in ev if e["name"] == name]
+            self.fig.add_bar(orientation="h", base=[e["start_us"] - t0 for e in sel],
+                             x=[e["dur_us"] for e in sel], y=[f"rank {e['rank']} / s{e['stream']}" for e in sel],
+                             name=esc(name)[:40], hovertext=[esc(name)] * len(sel), hoverinfo="text+x")
+        super().__init__([W.HTML(badge_html(badge, detail)), self.fig])
+
+
+class LedgerView(W.VBox):
+    """LLM calls, tokens and dollars of a run (or of the whole store)."""
+
+    def __init__(self, store: Store, run_id: int | None = None) -> None:
+        self.store, self.run_id = store, run_id
+        self.summary = W.HTML()
+        self.table = W.HTML()
+        super().__init__([self.summary, self.table])
+        self.refresh()
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.store.llm_calls(self.run_id))
+
+    def refresh(self) -> None:
+        df = self.frame()
+        if df.empty:
+            self.summary.value = "<i>no LLM calls</i>"
+            self.table.value = ""
+            return
+        dollars = self.store.llm_dollars(self.run_id)
+        unknown = int(df["dollars"].isna().sum()) if "dollars" in df else 0
+        self.summary.value = (
+            f"<b>{len(df)}</b> calls, {int(df['prompt_tokens'].sum())} prompt + "
+            f"{int(df['completion_tokens'].sum())} completion tokens, <b>${dollars:.4f}</b>"
+            + (f" ({unknown} calls at unknown price: tokens only)" if unknown else "")
+            + f", {int((~df['ok'].astype(bool)).sum())} failed")
+        cols = [c for c in ["id", "model", "purpose", "prompt_tokens", "completion_tokens", "latency_s",
+                            "dollars", "ok", "error"] if c in df.columns]
+        self.table.value = df[cols].tail(200).to_html(index=False, escape=True, na_rep="-")
