@@ -66,7 +66,14 @@ def _qualifiers(fn: Node) -> set[str]:
     body = fn.child_by_field_name("body")
     end = body.start_byte if body is not None else fn.end_byte
     head = (fn.text or b"")[:end - fn.start_byte].decode("utf-8", errors="replace")
-    return set(re.findall(r"[A-Za-z_]\w*", head))
+    words = set(re.findall(r"[A-Za-z_]\w*", head))
+    # `__global__ void __cluster_dims__(2, 1, 1) k(...) {` parses as a declaration closed by a MISSING ';'
+    # followed by a function without return type: the qualifiers sit in that declaration.
+    prev = fn.prev_sibling
+    if fn.type == "function_definition" and prev is not None and prev.type == "declaration" and \
+            prev.child_count and prev.children[-1].is_missing:
+        words |= set(re.findall(r"[A-Za-z_]\w*", node_text(prev)))
+    return words
 
 
 def device_macros(tree: Tree) -> frozenset[str]:

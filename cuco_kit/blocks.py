@@ -1,0 +1,661 @@
+"""EVOLVE blocks, the knob block, frozen-region hashing and the L0 static check (docs/contracts.md, marker v1).
+
+A candidate's mutable code sits between ``// EVOLVE-BLOCK-START <name>`` and ``// EVOLVE-BLOCK-END`` lines.
+Every byte outside the blocks (marker lines included) is frozen: its sha256 must equal the parent's. The block
+named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed set in a ``// knob: {...}`` comment.
+
+L0 (`check_candidate`) rejects a candidate whose markers are malformed, whose frozen bytes differ from the
+parent's, whose knobs are outside the knob block, outside their allowed sets or re-declared with another set
+than the parent's, or whose host code inside blocks calls something outside the allow-list (found with
+tree-sitter; see `HOST_CALL_ALLOW`). Code outside blocks is not checked: it is byte-identical to the parent's,
+which a person accepted.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from cuco_kit.errors import BadInput
+
+if TYPE_CHECKING:
+    from cuco_kit import cuda_parse
+
+MARKER_VERSION = 1
+KNOB_BLOCK = "knobs"
+
+START_MARKER = _START = "EVOLVE-BLOCK-START"
+END_MARKER = _END = "EVOLVE-BLOCK-END"
+_START_RE = re.compile(r"^[ \t]*//[ \t]*EVOLVE-BLOCK-START(?:[ \t]+(?P<name>\S+))?[ \t]*\r?$")
+_END_RE = re.compile(r"^[ \t]*//[ \t]*EVOLVE-BLOCK-END[ \t]*\r?$")
+_IDENT_RE = re.compile(r"^[A-Za-z_]\w*$")
+_KNOB_RE = re.compile(
+    r"^[ \t]*(?:static[ \t]+)?constexpr[ \t]+(?P<type>[^=;]+?)[ \t]+(?P<name>[A-Za-z_]\w*)[ \t]*="
+    r"[ \t]*(?P<value>[^;]+?)[ \t]*;[ \t]*//[ \t]*knob:[ \t]*\{(?P<allowed>.*)\}[ \t]*\r?$")
+# A knob-looking line: what the contract calls a knob declaration (constexpr carrying `// knob:`).
+_KNOB_LIKE_RE = re.compile(r"\bconstexpr\b.*//[ \t]*knob:")
+_COMMENT_RE = re.compile(r"^[ \t]*(//.*|/\*.*\*/[ \t]*)?\r?$")
+_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import)\b")
+
+# Share of a text tree-sitter may fail to parse before it is called "not CUDA". Heavy CUB headers stay under
+# 0.2; Python, Markdown and TOML land above 0.25.
+_MAX_ERROR_FRACTION = 0.25
+
+
+class MarkerError(BadInput):
+    """EVOLVE markers are not well formed (unbalanced, nested, duplicated, not alone on their line)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """One EVOLVE block. start_line/end_line: 1-based lines of its START and END markers. text: the code between
+    the markers (each line with its newline). start_offset/end_offset: character offsets of that code in the
+    file, so `code[start_offset:end_offset] == text`."""
+
+    name: str
+    start_line: int
+    end_line: int
+    text: str
+    start_offset: int = 0
+    end_offset: int = 0
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob of the knob block. value and allowed are source tokens (strings); line is 1-based."""
+
+    name: str
+    type: str
+    value: str
+    allowed: tuple[str, ...]
+    line: int
+
+
+@dataclass
+class L0Report:
+    """Verdict of the L0 static check. knobs are the candidate's (empty when they could not be read)."""
+
+    ok: bool
+    reasons: list[str]
+    knobs: list[Knob] = field(default_factory=list)
+    frozen_hash: str | None = None
+    blocks: list[str] = field(default_factory=list)
+
+    @property
+    def knob_values(self) -> dict[str, str]:
+        return {k.name: k.value for k in self.knobs}
+
+    @property
+    def cell(self) -> str:
+        return design_cell(self.knobs)
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "reasons": list(self.reasons),
+            "marker_version": MARKER_VERSION,
+            "frozen_hash": self.frozen_hash,
+            "blocks": list(self.blocks),
+            "knobs": self.knob_values,
+            "knob_sets": {k.name: list(k.allowed) for k in self.knobs},
+            "cell": self.cell,
+        }
+
+
+# --------------------------------------------------------------------------------------------------- markers
+
+def _line_offsets(lines: list[str]) -> list[int]:
+    offsets, pos = [], 0
+    for line in lines:
+        offsets.append(pos)
+        pos += len(line) + 1
+    return offsets
+
+
+def blocks(code: str) -> list[Block]:
+    """The EVOLVE blocks of `code`, in file order. Raises MarkerError when the markers are not well formed."""
+    lines = code.split("\n")
+    offsets = _line_offsets(lines)
+    found: list[Block] = []
+    seen: dict[str, int] = {}
+    open_name: str | None = None
+    open_line = 0
+    for i, line in enumerate(lines):
+        no = i + 1
+        if _START in line:
+            m = _START_RE.match(line)
+            if m is None:
+                raise MarkerError(f"line {no}: '// {_START} <name>' must be alone on its line")
+            name = m.group("name")
+            if not name:
+                raise MarkerError(f"line {no}: {_START} without a block name (write '// {_START} <name>')")
+            if not _IDENT_RE.match(name):
+                raise MarkerError(f"line {no}: block name {name!r} is not an identifier")
+            if open_name is not None:
+                raise MarkerError(f"line {no}: block {name!r} starts inside block {open_name!r} (started at line "
+                                  f"{open_line}); blocks do not nest, close it with '// {_END}' first")
+            if name in seen:
+                raise MarkerError(f"line {no}: block name {name!r} is used twice (first at line {seen[name]})")
+            seen[name] = no
+            open_name, open_line = name, no
+        elif _END in line:
+            if _END_RE.match(line) is None:
+                raise MarkerError(f"line {no}: '// {_END}' must be alone on its line")
+            if open_name is None:
+                raise MarkerError(f"line {no}: {_END} without a matching {_START}")
+            start = offsets[open_line] if open_line < len(lines) else len(code)
+            end = offsets[i]
+            found.append(Block(open_name, open_line, no, code[start:end], start, end))
+            open_name = None
+    if open_name is not None:
+        raise MarkerError(f"line {open_line}: block {open_name!r} is never closed (add '// {_END}')")
+    return found
+
+
+def _frozen_lines(code: str, blks: list[Block]) -> list[tuple[int, str]]:
+    """(1-based line number, text) of every frozen line: outside blocks, marker lines included."""
+    inside: set[int] = set()
+    for b in blks:
+        inside.update(range(b.start_line + 1, b.end_line))
+    return [(i + 1, line) for i, line in enumerate(code.split("\n")) if i + 1 not in inside]
+
+
+def frozen_text(code: str) -> str:
+    """Everything outside the EVOLVE blocks, marker lines included, joined with newlines (byte-exact)."""
+    return "\n".join(line for _, line in _frozen_lines(code, blocks(code)))
+
+
+def frozen_hash(code: str) -> str:
+    """sha256 (hex) of `frozen_text(code)` in UTF-8."""
+    return hashlib.sha256(frozen_text(code).encode("utf-8")).hexdigest()
+
+
+def strip_markers(code: str) -> str:
+    """`code` without its marker lines: the unannotated source, byte for byte."""
+    lines = code.split("\n")
+    marker_lines = set()
+    for b in blocks(code):
+        marker_lines.update((b.start_line, b.end_line))
+    kept = [line for i, line in enumerate(lines) if i + 1 not in marker_lines]
+    # A marker on the last line without a newline took the previous line's "\r\n": drop its "\r" too.
+    if len(lines) in marker_lines and kept and kept[-1].endswith("\r"):
+        kept[-1] = kept[-1][:-1]
+    return "\n".join(kept)
+
+
+# ----------------------------------------------------------------------------------------------------- knobs
+
+def _split_allowed(text: str) -> tuple[str, ...]:
+    """Split a knob's allowed set on top-level commas (commas inside (), [] or {} belong to a value)."""
+    items, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    items.append("".join(cur).strip())
+    out: list[str] = []
+    for item in items:
+        if item and item not in out:
+            out.append(item)
+    return tuple(out)
+
+
+def _scan_knobs(code: str, blks: list[Block]) -> tuple[list[Knob], list[str]]:
+    """Knobs of the knob block and one problem line per violation of the knob contract."""
+    knobs: list[Knob] = []
+    problems: list[str] = []
+    kb = next((b for b in blks if b.name == KNOB_BLOCK), None)
+    knob_lines = set(range(kb.start_line + 1, kb.end_line)) if kb else set()
+    for i, line in enumerate(code.split("\n")):
+        no = i + 1
+        if no in knob_lines:
+            m = _KNOB_RE.match(line)
+            if m is None:
+                if _COMMENT_RE.match(line):
+                    continue
+                what = "a constexpr without '// knob: {a, b, ...}'" if "constexpr" in line else "not a knob"
+                problems.append(f"line {no}: {what} in the knob block: {line.strip()[:80]!r} (the knob block "
+                                f"holds only 'constexpr <type> NAME = VALUE; // knob: {{a, b}}' lines and comments)")
+                continue
+            name, value = m.group("name"), m.group("value").strip()
+            allowed = _split_allowed(m.group("allowed"))
+            if not allowed:
+                problems.append(f"line {no}: knob {name} has an empty allowed set")
+            elif value not in allowed:
+                problems.append(f"line {no}: knob {name} = {value} is not in its allowed set "
+                                f"{{{', '.join(allowed)}}}")
+            if any(k.name == name for k in knobs):
+                problems.append(f"line {no}: knob {name} is declared twice in the knob block")
+                continue
+            knobs.append(Knob(name, " ".join(m.group("type").split()), value, allowed, no))
+        elif _KNOB_LIKE_RE.search(line):
+            m = _KNOB_RE.match(line)
+            name = m.group("name") if m else line.strip()[:60]
+            where = f"block {_block_at(blks, no).name!r}" if _block_at(blks, no) else "frozen code"
+            problems.append(f"line {no}: knob declaration {name} outside the knob block (in {where}); knobs "
+                            f"belong in '// {_START} {KNOB_BLOCK}'")
+    return knobs, problems
+
+
+def knobs(code: str) -> list[Knob]:
+    """The knobs of the knob block. Raises BadInput (MarkerError for markers) when the contract is broken."""
+    found, problems = _scan_knobs(code, blocks(code))
+    if problems:
+        raise BadInput(problems[0])
+    return found
+
+
+def _format_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value).strip()
+
+
+def set_knobs(code: str, values: Mapping[str, object]) -> str:
+    """`code` with the named knobs set to new values (each must be in the knob's allowed set); every other byte
+    is kept. Raises BadInput naming an unknown knob or a value outside its set."""
+    by_name = {k.name: k for k in knobs(code)}
+    lines = code.split("\n")
+    for name, raw in values.items():
+        knob = by_name.get(name)
+        if knob is None:
+            raise BadInput(f"unknown knob {name!r}; knobs: {', '.join(sorted(by_name)) or '(none)'}")
+        value = _format_value(raw)
+        if value not in knob.allowed:
+            raise BadInput(f"knob {name} = {value} is not in its allowed set {{{', '.join(knob.allowed)}}}")
+        line = lines[knob.line - 1]
+        m = _KNOB_RE.match(line)
+        assert m is not None  # knobs() matched this very line
+        lines[knob.line - 1] = line[:m.start("value")] + value + line[m.end("value"):]
+    return "\n".join(lines)
+
+
+def design_cell(knob_values: Iterable[Knob] | Mapping[str, object]) -> str:
+    """A stable archive key from knob values: every knob, sorted by name, as `name=value` joined with `|`
+    ("-" when there are none). All knobs count as structural: the contract makes structural variants
+    (placement, sync scope, issuer, chunking) knobs, and telling them apart by name would be guesswork."""
+    if isinstance(knob_values, Mapping):
+        pairs = {str(k): _format_value(v) for k, v in knob_values.items()}
+    else:
+        pairs = {k.name: k.value for k in knob_values}
+    return "|".join(f"{k}={pairs[k]}" for k in sorted(pairs)) or "-"
+
+
+# ------------------------------------------------------------------------------------------- host whitelist
+
+# Denied in host code inside blocks, by category. The deny list wins over the allow-list (cudaGetDriverEntryPoint
+# starts with "cuda" but is a dlsym).
+HOST_CALL_DENY: dict[str, frozenset[str]] = {
+    "file I/O": frozenset({
+        "fopen", "fdopen", "freopen", "fclose", "fwrite", "fread", "fgets", "fgetc", "fscanf", "fseek", "ftell",
+        "rewind", "tmpfile", "tmpnam", "mkstemp", "open", "openat", "creat", "close", "read", "write", "pread",
+        "pwrite", "lseek", "unlink", "unlinkat", "remove", "rename", "mkdir", "rmdir", "chdir", "truncate",
+        "ftruncate", "mmap", "munmap", "fsync", "opendir", "readdir", "symlink", "link", "chmod", "chown",
+        "fprintf", "vfprintf", "fputs", "fputc", "fflush", "shm_open", "memfd_create"}),
+    "process/syscall": frozenset({
+        "system", "popen", "pclose", "fork", "vfork", "clone", "execl", "execlp", "execle", "execv", "execvp",
+        "execvpe", "execve", "fexecve", "posix_spawn", "posix_spawnp", "syscall", "ptrace", "kill", "raise",
+        "signal", "sigaction", "abort", "exit", "_exit", "_Exit", "quick_exit", "atexit", "setuid", "setgid",
+        "ioctl", "prctl", "dup", "dup2", "pipe", "socket", "connect", "bind", "listen", "accept", "send",
+        "recv", "sendto", "recvfrom", "sendmsg", "recvmsg", "getaddrinfo", "gethostbyname"}),
+    "dynamic loading": frozenset({
+        "dlopen", "dlsym", "dlvsym", "dlclose", "dladdr", "dlmopen", "cudaGetDriverEntryPoint",
+        "cudaGetDriverEntryPointByVersion", "cuGetProcAddress"}),
+    "environment": frozenset({"getenv", "secure_getenv", "setenv", "unsetenv", "putenv", "clearenv"}),
+    "threads": frozenset({
+        "pthread_create", "pthread_detach", "pthread_join", "pthread_kill", "pthread_cancel", "thrd_create",
+        "thread", "jthread", "async"}),
+}
+_DENY_CATEGORY = {name: cat for cat, names in HOST_CALL_DENY.items() for name in names}
+
+# Names denied wherever they appear in a block (host or device, called or only referenced): taking the address
+# of one of these is as bad as calling it. Common words (read, write, send, signal, kill) are left out so that
+# variables with those names stay legal.
+DENY_ANYWHERE = frozenset({
+    "fopen", "freopen", "popen", "system", "fork", "vfork", "execl", "execlp", "execle", "execv", "execvp",
+    "execvpe", "execve", "posix_spawn", "posix_spawnp", "syscall", "dlopen", "dlsym", "dlvsym", "dlmopen",
+    "getenv", "secure_getenv", "setenv", "unsetenv", "putenv", "pthread_create", "cudaGetDriverEntryPoint",
+    "cudaGetDriverEntryPointByVersion", "cuGetProcAddress"})
+
+# Types whose use inside a block is file I/O or a thread.
+DENY_TYPES: dict[str, str] = {
+    "ifstream": "file I/O", "ofstream": "file I/O", "fstream": "file I/O", "basic_ifstream": "file I/O",
+    "basic_ofstream": "file I/O", "basic_fstream": "file I/O", "filebuf": "file I/O", "thread": "threads",
+    "jthread": "threads", "pthread_t": "threads"}
+DENY_NAMESPACES: dict[str, str] = {"filesystem": "file I/O", "this_thread": "threads"}
+
+# What host code inside blocks may call, besides kernel launches, member calls (obj.f(), p->f(): the object's
+# type is checked where it is declared), immediately invoked lambdas, and functions, macros and types defined in
+# the same file (their bodies are frozen, so accepted before, or inside a block, so checked here).
+# Extend these, or pass extra_allow to check_candidate, when a safe call is rejected as unknown.
+HOST_CALL_ALLOW_PREFIXES: tuple[str, ...] = (
+    "cuda", "cublas", "nccl", "cuco_", "CUCO_", "CUDA_", "NCCL_", "CUBLAS_", "make_", "nvtx", "cub::",
+    "cuda::", "std::numeric_limits::")
+HOST_CALL_ALLOW: frozenset[str] = frozenset({
+    # casts and constructors of builtin and CUDA types
+    "static_cast", "reinterpret_cast", "const_cast", "dynamic_cast", "bit_cast", "dim3", "size_t", "int8_t",
+    "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t", "intptr_t", "uintptr_t",
+    "ptrdiff_t", "char", "short", "int", "long", "unsigned", "signed", "float", "double", "bool", "half",
+    "__half", "__nv_bfloat16", "__nv_fp8_e4m3", "float2", "float4", "int2", "int4", "uint2", "uint4",
+    "__float2half", "__half2float", "__float2bfloat16", "__bfloat162float",
+    # C library: memory, strings, maths, printing to the console (nothing a candidate prints is read)
+    "memset", "memcpy", "memmove", "memcmp", "malloc", "calloc", "realloc", "free", "aligned_alloc",
+    "posix_memalign", "strlen", "strcmp", "strncmp", "strcpy", "strncpy", "snprintf", "sprintf", "printf",
+    "puts", "assert", "min", "max", "abs", "fabs", "fabsf", "fminf", "fmaxf", "fmin", "fmax", "ceil", "floor",
+    "ceilf", "floorf", "sqrt", "sqrtf", "exp", "expf", "log", "logf", "log2", "log2f", "pow", "powf", "round",
+    "lround",
+    # C++ standard library without I/O
+    "std::min", "std::max", "std::clamp", "std::swap", "std::abs", "std::fill", "std::fill_n", "std::copy",
+    "std::copy_n", "std::memcpy", "std::memset", "std::size", "std::data", "std::begin", "std::end",
+    "std::move", "std::forward", "std::accumulate", "std::iota", "std::sort", "std::max_element",
+    "std::min_element", "std::ceil", "std::floor", "std::sqrt", "std::log2", "std::pow", "std::exp",
+    "std::make_pair", "std::make_tuple", "std::tie", "std::get", "std::pair", "std::tuple", "std::array",
+    "std::vector", "std::unique_ptr", "std::make_unique", "std::to_string", "std::printf", "std::snprintf",
+    "std::gcd", "std::lcm", "std::has_single_bit", "std::bit_ceil", "std::bit_floor", "std::countr_zero",
+    "std::is_same_v", "std::declval", "std::addressof"})
+
+# fprintf and friends are allowed when they write to the console, not to a file.
+_CONSOLE_STREAM_ARG = {"fprintf": 0, "vfprintf": 0, "fflush": 0, "fputs": -1, "fputc": -1}
+_CONSOLE_STREAMS = frozenset({"stderr", "stdout"})
+
+
+def _block_at(blks: list[Block], line: int) -> Block | None:
+    for b in blks:
+        if b.start_line < line < b.end_line:
+            return b
+    return None
+
+
+def _defined_names(tree: cuda_parse.Tree) -> set[str]:
+    """Functions, lambdas bound to names, types and macros defined in the file (qualified and last part)."""
+    from cuco_kit import cuda_parse
+    names: set[str] = set()
+
+    def add(text: str) -> None:
+        text = cuda_parse.strip_templates(text)
+        if text:
+            names.add(text)
+            names.add(text.split("::")[-1])
+
+    for node in cuda_parse.walk(tree.root_node):
+        t = node.type
+        if t == "function_definition":
+            add(cuda_parse.function_name(node))
+        elif t in ("struct_specifier", "class_specifier", "union_specifier", "enum_specifier") and \
+                node.child_by_field_name("body") is not None:
+            name = node.child_by_field_name("name")
+            if name is not None:
+                add(cuda_parse.node_text(name))
+        elif t in ("preproc_def", "preproc_function_def", "alias_declaration", "type_definition"):
+            name = node.child_by_field_name("name") or node.child_by_field_name("declarator")
+            if name is not None:
+                add(cuda_parse.node_text(name))
+        elif t == "init_declarator":
+            value = node.child_by_field_name("value")
+            decl = node.child_by_field_name("declarator")
+            if value is not None and value.type == "lambda_expression" and decl is not None:
+                add(cuda_parse.node_text(decl))
+    return names
+
+
+def _console_stream_ok(call: cuda_parse.Call) -> bool:
+    from cuco_kit import cuda_parse
+    pos = _CONSOLE_STREAM_ARG.get(call.name.split("::")[-1])
+    if pos is None:
+        return False
+    args_node = call.node.child_by_field_name("arguments")
+    args = [c for c in args_node.named_children if c.type != "comment"] if args_node is not None else []
+    return bool(args) and cuda_parse.node_text(args[pos]).strip() in _CONSOLE_STREAMS
+
+
+def _call_allowed(name: str, defined: set[str], extra: frozenset[str]) -> bool:
+    bare = name.lstrip(":")
+    if bare in HOST_CALL_ALLOW or bare in extra or bare in defined:
+        return True
+    return bare.startswith(HOST_CALL_ALLOW_PREFIXES) or any(
+        bare.startswith(p[:-1]) for p in extra if p.endswith("*"))
+
+
+def _deny_category(name: str) -> str | None:
+    bare = name.lstrip(":")
+    if bare in _DENY_CATEGORY:
+        return _DENY_CATEGORY[bare]
+    last = bare.split("::")[-1]
+    # std::system, ::getenv, std::thread(...) are the same thing under another spelling.
+    if last in _DENY_CATEGORY and (bare.startswith("std::") or "::" not in bare):
+        return _DENY_CATEGORY[last]
+    return None
+
+
+_WORD_RE = re.compile(r"[A-Za-z_]\w*")
+
+
+def _whitelist_problems(code: str, blks: list[Block], extra_allow: Iterable[str] = ()) -> list[str]:
+    """One problem line per forbidden or unknown thing in host code inside EVOLVE blocks."""
+    # Imported here so markers, knobs and cells work where tree-sitter is not installed (the GPU image).
+    from cuco_kit import cuda_parse
+    if not blks:
+        return []
+    extra = frozenset(extra_allow)
+    problems: dict[tuple[int, str], str] = {}
+
+    def report(line: int, key: str, message: str) -> None:
+        problems.setdefault((line, key), f"line {line}: {message}")
+
+    lines = code.split("\n")
+    for b in blks:
+        for no in range(b.start_line + 1, b.end_line):
+            if _INCLUDE_RE.match(lines[no - 1]):
+                report(no, "#include", f"#include inside EVOLVE block {b.name!r}; includes belong in the frozen "
+                                       "code")
+
+    tree = cuda_parse.parse(code)
+    defined = _defined_names(tree)
+    dev_macros = cuda_parse.device_macros(tree)
+    for call in cuda_parse.iter_calls(tree):
+        blk = _block_at(blks, call.line)
+        if blk is None or call.device or call.kind in ("launch", "lambda", "member"):
+            continue
+        where = f"in host code inside EVOLVE block {blk.name!r}"
+        if call.kind == "indirect":
+            report(call.line, call.name, f"indirect call {call.name!r} {where}: L0 cannot tell what it calls; "
+                                         "call a named function")
+            continue
+        category = _deny_category(call.name)
+        if category is not None:
+            if _console_stream_ok(call):
+                continue
+            report(call.line, call.name.split("::")[-1], f"{category} call {call.name!r} {where} is not allowed")
+        elif not _call_allowed(call.name, defined, extra):
+            report(call.line, call.name, f"unknown host call {call.name!r} {where}: not on the L0 allow-list (a "
+                                         "person may add it to cuco_kit.blocks.HOST_CALL_ALLOW if it is safe)")
+
+    for node in cuda_parse.walk(tree.root_node):
+        line = node.start_point.row + 1
+        blk = _block_at(blks, line)
+        if blk is None:
+            continue
+        t = node.type
+        text = cuda_parse.node_text(node)
+        if t == "identifier" and text in DENY_ANYWHERE:
+            report(line, text, f"{_DENY_CATEGORY[text]}: {text!r} is referenced inside EVOLVE block "
+                               f"{blk.name!r}, which is not allowed")
+        elif t == "type_identifier" and text in DENY_TYPES:
+            report(line, text, f"{DENY_TYPES[text]}: type {text!r} is used inside EVOLVE block {blk.name!r}, "
+                               "which is not allowed")
+        elif t == "namespace_identifier" and text in DENY_NAMESPACES:
+            report(line, text, f"{DENY_NAMESPACES[text]}: namespace {text!r} is used inside EVOLVE block "
+                               f"{blk.name!r}, which is not allowed")
+        elif t == "gnu_asm_expression" and not cuda_parse.is_device_code(node, dev_macros):
+            fn = cuda_parse.enclosing_function(node)
+            owner = f"host function {cuda_parse.function_name(fn)!r}" if fn is not None else "file-scope code"
+            report(line, "asm", f"inline asm in {owner} inside EVOLVE block {blk.name!r}; asm is allowed only "
+                                "in __device__/__global__ code")
+        elif t in ("preproc_def", "preproc_function_def"):
+            # Macro bodies are raw text to tree-sitter, so check their words: a block must not hide a denied
+            # call in a macro that frozen code expands.
+            value = node.child_by_field_name("value")
+            name = node.child_by_field_name("name")
+            for word in _WORD_RE.findall(cuda_parse.node_text(value) if value is not None else ""):
+                cat = _DENY_CATEGORY.get(word) or DENY_TYPES.get(word) or DENY_NAMESPACES.get(word) or (
+                    "inline asm" if word in ("asm", "__asm__", "__asm") else None)
+                if cat is not None:
+                    report(line, word, f"{cat}: macro {cuda_parse.node_text(name) if name else '?'} uses "
+                                       f"{word!r} inside EVOLVE block {blk.name!r}, which is not allowed")
+        elif t == "ERROR" and not cuda_parse.is_device_code(node, dev_macros):
+            # Code tree-sitter could not parse may still hide a call: check its words against the deny list.
+            for m in re.finditer(r"\b([A-Za-z_]\w*)\s*\(", text):
+                word = m.group(1)
+                if word in _DENY_CATEGORY:
+                    report(line, word, f"{_DENY_CATEGORY[word]} call {word!r} in host code inside EVOLVE block "
+                                       f"{blk.name!r} is not allowed")
+                elif word in ("asm", "__asm__", "__asm"):
+                    report(line, "asm", f"inline asm in host code inside EVOLVE block {blk.name!r}; asm is "
+                                        "allowed only in __device__/__global__ code")
+    return [problems[k] for k in sorted(problems, key=lambda k: k[0])]
+
+
+# ------------------------------------------------------------------------------------------------------- L0
+
+def source_problem(code: str) -> str | None:
+    """Why `code` is not CUDA source (None when it looks like CUDA/C++)."""
+    if not code.strip():
+        return "is empty"
+    if "\x00" in code:
+        return "is binary, not CUDA source"
+    if ";" not in code:
+        return "does not look like CUDA source (no ';' anywhere)"
+    from cuco_kit import cuda_parse
+    frac = cuda_parse.error_fraction(cuda_parse.parse(code))
+    if frac > _MAX_ERROR_FRACTION:
+        return f"does not look like CUDA source (tree-sitter-cuda cannot parse {frac:.0%} of it)"
+    return None
+
+
+def _clip(text: str, n: int = 70) -> str:
+    text = text.strip()
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def _frozen_diff(code: str, blks: list[Block], parent: str, pblks: list[Block], limit: int = 5) -> list[str]:
+    mine, theirs = _frozen_lines(code, blks), _frozen_lines(parent, pblks)
+    sm = difflib.SequenceMatcher(a=[t for _, t in theirs], b=[t for _, t in mine], autojunk=False)
+    out: list[str] = []
+    hunks = [op for op in sm.get_opcodes() if op[0] != "equal"]
+    for tag, i1, i2, j1, j2 in hunks[:limit]:
+        cline = mine[j1][0] if j1 < len(mine) else (mine[-1][0] if mine else 1)
+        pline = theirs[i1][0] if i1 < len(theirs) else (theirs[-1][0] if theirs else 1)
+        if tag == "replace":
+            what = f"parent line {pline} {_clip(theirs[i1][1])} became {_clip(mine[j1][1])}"
+        elif tag == "delete":
+            what = f"parent line {pline} {_clip(theirs[i1][1])} was removed"
+        else:
+            what = f"{_clip(mine[j1][1])} was added"
+        out.append(f"line {cline}: frozen code (outside EVOLVE blocks) differs from the parent: {what}")
+    if len(hunks) > limit:
+        out.append(f"... and {len(hunks) - limit} more changes to frozen code")
+    return out
+
+
+def _knob_set_problems(mine: list[Knob], theirs: list[Knob]) -> list[str]:
+    """A candidate may change knob values, not the design space: names, types and sets must be the parent's."""
+    out: list[str] = []
+    pk = {k.name: k for k in theirs}
+    ck = {k.name: k for k in mine}
+    for k in mine:
+        p = pk.get(k.name)
+        if p is None:
+            out.append(f"line {k.line}: knob {k.name} is new; the parent's knobs are "
+                       f"{', '.join(pk) or '(none)'} and only their values may change")
+        elif p.allowed != k.allowed or p.type != k.type:
+            out.append(f"line {k.line}: knob {k.name} changed its type or allowed set (parent: {p.type} "
+                       f"{{{', '.join(p.allowed)}}}); only its value may change")
+    for name, p in pk.items():
+        if name not in ck:
+            out.append(f"parent line {p.line}: knob {name} was removed; only knob values may change")
+    return out
+
+
+def check_candidate(code: str, parent_code: str | None = None, *, extra_allow: Iterable[str] = ()) -> L0Report:
+    """The L0 static check of `code` against `parent_code` (frozen bytes and knob sets are compared only when a
+    parent is given). A malformed candidate is a rejection; a malformed parent raises BadInput. extra_allow:
+    more host calls to allow inside blocks (exact names, or prefixes ending in '*')."""
+    problem = source_problem(code)
+    if problem is not None:
+        return L0Report(False, [f"candidate {problem}"])
+    try:
+        blks = blocks(code)
+    except MarkerError as exc:
+        return L0Report(False, [f"markers: {exc}"])
+    reasons: list[str] = []
+    cand_knobs, knob_problems = _scan_knobs(code, blks)
+    fhash = hashlib.sha256("\n".join(t for _, t in _frozen_lines(code, blks)).encode("utf-8")).hexdigest()
+    if parent_code is not None:
+        try:
+            pblks = blocks(parent_code)
+        except MarkerError as exc:
+            raise BadInput(f"parent: {exc}") from None
+        ptext = "\n".join(t for _, t in _frozen_lines(parent_code, pblks))
+        if hashlib.sha256(ptext.encode("utf-8")).hexdigest() != fhash:
+            reasons += _frozen_diff(code, blks, parent_code, pblks)
+        parent_knobs, _ = _scan_knobs(parent_code, pblks)
+        if not knob_problems:
+            reasons += _knob_set_problems(cand_knobs, parent_knobs)
+    reasons += knob_problems
+    reasons += _whitelist_problems(code, blks, extra_allow)
+    return L0Report(not reasons, reasons, cand_knobs, fhash, [b.name for b in blks])
+
+
+# ------------------------------------------------------------------------------------------------------ CLI
+
+def load_source(path: str | Path, what: str = "candidate") -> str:
+    """Read a CUDA source file for the CLI; anything unusable raises BadInput with one line naming it."""
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"{what} {p}: no such file")
+    if not p.is_file():
+        raise BadInput(f"{what} {p}: not a regular file")
+    data = p.read_bytes()
+    if b"\x00" in data[:8192]:
+        raise BadInput(f"{what} {p}: is binary, not CUDA source")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadInput(f"{what} {p}: is not UTF-8 text, not CUDA source") from None
+    problem = source_problem(text)
+    if problem is not None:
+        raise BadInput(f"{what} {p}: {problem}")
+    try:
+        blocks(text)
+    except MarkerError as exc:
+        raise BadInput(f"{what} {p}: {exc}") from None
+    return text
+
+
+def cli_check(args: argparse.Namespace) -> int:
+    """`cuco check CANDIDATE [--parent PARENT] [--json]`: 0 accepted, 1 rejected (reasons printed)."""
+    code = load_source(args.candidate, "candidate")
+    parent = load_source(args.parent, "parent") if getattr(args, "parent", None) else None
+    report = check_candidate(code, parent)
+    if getattr(args, "json", False):
+        print(json.dumps(report.to_dict(), indent=2))
+    elif report.ok:
+        print(f"accepted: {len(report.blocks)} EVOLVE block(s), cell {report.cell}, frozen sha256 "
+              f"{report.frozen_hash}")
+    else:
+        print(f"rejected ({len(report.reasons)} reason(s)):", file=sys.stderr)
+        for reason in report.reasons:
+            print(f"  {reason}", file=sys.stderr)
+    return 0 if report.ok else 1

@@ -1,0 +1,432 @@
+"""EVOLVE markers, the knob block, frozen hashing and every L0 rejection (cuco_kit.blocks)."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cuco_kit import blocks as B
+from cuco_kit.errors import BadInput
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "l0"
+PARENT = (DATA / "parent.cu").read_text()
+
+
+def in_block(code: str, block: str, text: str) -> str:
+    """`code` with `text` (one or more lines) inserted as the first lines of block `block`."""
+    b = next(b for b in B.blocks(code) if b.name == block)
+    return code[:b.start_offset] + text.rstrip("\n") + "\n" + code[b.start_offset:]
+
+
+def line_of(code: str, needle: str) -> int:
+    return code[:code.index(needle)].count("\n") + 1
+
+
+def check(code: str, parent: str | None = PARENT) -> B.L0Report:
+    return B.check_candidate(code, parent)
+
+
+def assert_rejected(report: B.L0Report, *patterns: str, line: int | None = None) -> None:
+    assert not report.ok
+    text = "\n".join(report.reasons)
+    for pattern in patterns:
+        assert re.search(pattern, text), f"{pattern!r} not in reasons:\n{text}"
+    for reason in report.reasons:
+        assert "\n" not in reason and reason.strip() == reason
+    if line is not None:
+        assert any(r.startswith(f"line {line}:") for r in report.reasons), report.reasons
+
+
+# ------------------------------------------------------------------------------------------------ markers
+
+def test_blocks_are_found_with_lines_and_text():
+    found = B.blocks(PARENT)
+    assert [b.name for b in found] == ["knobs", "kernels", "step"]
+    lines = PARENT.split("\n")
+    for b in found:
+        assert "EVOLVE-BLOCK-START " + b.name in lines[b.start_line - 1]
+        assert lines[b.end_line - 1].strip() == "// EVOLVE-BLOCK-END"
+        assert PARENT[b.start_offset:b.end_offset] == b.text
+        assert b.text == "".join(line + "\n" for line in lines[b.start_line:b.end_line - 1])
+
+
+def test_marker_version_is_one():
+    assert B.MARKER_VERSION == 1
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+@pytest.mark.parametrize("final_newline", [True, False])
+def test_strip_markers_gives_back_the_plain_code_byte_for_byte(ending, final_newline):
+    plain_lines = ["#include <x.h>", "int f() {", "  int a = 1;", "  return a;", "}", "int g();"]
+    plain = ending.join(plain_lines) + (ending if final_newline else "")
+    annotated_lines = (plain_lines[:2] + ["  // EVOLVE-BLOCK-START body"] + plain_lines[2:4]
+                       + ["  // EVOLVE-BLOCK-END"] + plain_lines[4:5] + ["// EVOLVE-BLOCK-START tail"]
+                       + plain_lines[5:] + ["// EVOLVE-BLOCK-END"])
+    annotated = ending.join(annotated_lines) + (ending if final_newline else "")
+    assert [b.name for b in B.blocks(annotated)] == ["body", "tail"]
+    assert B.strip_markers(annotated) == plain
+
+
+def test_strip_markers_of_the_sample_removes_exactly_the_marker_lines():
+    stripped = B.strip_markers(PARENT)
+    assert "EVOLVE-BLOCK" not in stripped
+    assert len(PARENT.split("\n")) - len(stripped.split("\n")) == 2 * len(B.blocks(PARENT))
+
+
+def test_empty_block_and_indented_markers():
+    code = "int a;\n    // EVOLVE-BLOCK-START e\n    // EVOLVE-BLOCK-END\nint b;\n"
+    (b,) = B.blocks(code)
+    assert (b.name, b.start_line, b.end_line, b.text) == ("e", 2, 3, "")
+
+
+@pytest.mark.parametrize("code, pattern", [
+    ("a;\n// EVOLVE-BLOCK-START x\nb;\n", r"line 2: block 'x' is never closed"),
+    ("a;\n// EVOLVE-BLOCK-END\n", r"line 2: EVOLVE-BLOCK-END without a matching"),
+    ("// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-START y\n// EVOLVE-BLOCK-END\n// EVOLVE-BLOCK-END\n",
+     r"line 2: block 'y' starts inside block 'x' \(started at line 1\); blocks do not nest"),
+    ("// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n",
+     r"line 3: block name 'x' is used twice \(first at line 1\)"),
+    ("int v; // EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n", r"line 1: .* must be alone on its line"),
+    ("// EVOLVE-BLOCK-START x\nint v; // EVOLVE-BLOCK-END\n", r"line 2: .* must be alone on its line"),
+    ("// EVOLVE-BLOCK-START x y\n// EVOLVE-BLOCK-END\n", r"line 1: .* must be alone on its line"),
+    ("// EVOLVE-BLOCK-START\n// EVOLVE-BLOCK-END\n", r"line 1: EVOLVE-BLOCK-START without a block name"),
+    ("// EVOLVE-BLOCK-START 9lives\n// EVOLVE-BLOCK-END\n", r"line 1: block name '9lives' is not an identifier"),
+])
+def test_malformed_markers_are_rejected_with_the_line(code, pattern):
+    with pytest.raises(B.MarkerError, match=pattern):
+        B.blocks(code)
+    report = B.check_candidate(code + "int z;\n")
+    assert not report.ok and report.reasons[0].startswith("markers: ")
+
+
+def test_marker_error_is_bad_input():
+    assert issubclass(B.MarkerError, BadInput)
+
+
+# ---------------------------------------------------------------------------------------------- frozen hash
+
+def test_frozen_text_keeps_markers_and_drops_block_bodies():
+    text = B.frozen_text(PARENT)
+    assert "// EVOLVE-BLOCK-START step" in text and "// EVOLVE-BLOCK-END" in text
+    assert "copy_chunk<<<" not in text  # launch sits in the step block
+    assert "CUCO_EXPORT int cuco_step" in text
+
+
+def test_frozen_hash_ignores_block_edits_and_sees_every_frozen_byte():
+    h = B.frozen_hash(PARENT)
+    assert re.fullmatch(r"[0-9a-f]{64}", h)
+    assert B.frozen_hash(in_block(PARENT, "step", "  int unused_local = 0;")) == h
+    assert B.frozen_hash(PARENT.replace("Release what", "Release  what")) == h  # no such text: unchanged
+    assert B.frozen_hash(PARENT.replace("int ceil_div(int a", "int ceil_div(int  a")) != h
+    assert B.frozen_hash(PARENT.replace("EVOLVE-BLOCK-START step", "EVOLVE-BLOCK-START steps")) != h
+    assert B.frozen_hash(PARENT + "\n") != h
+    assert B.frozen_hash(PARENT.replace("\n", "\r\n")) != h
+
+
+# ---------------------------------------------------------------------------------------------------- knobs
+
+def test_knob_block_is_parsed():
+    ks = B.knobs(PARENT)
+    assert [(k.name, k.type, k.value) for k in ks] == [
+        ("kChunks", "int", "4"), ("kThreads", "int", "256"), ("kPlacement", "Placement", "Placement::kTwoStream")]
+    assert ks[0].allowed == ("1", "2", "4", "8")
+    assert ks[2].allowed == ("Placement::kSequential", "Placement::kTwoStream", "Placement::kFused")
+    assert ks[0].line == line_of(PARENT, "constexpr int kChunks")
+
+
+def test_allowed_sets_split_on_top_level_commas_only():
+    code = ("// EVOLVE-BLOCK-START knobs\n"
+            "static constexpr Tile kTile = Tile(64, 128); // knob: {Tile(64, 128), Tile(128, 128)}\n"
+            "// EVOLVE-BLOCK-END\n")
+    (k,) = B.knobs(code)
+    assert k.allowed == ("Tile(64, 128)", "Tile(128, 128)") and k.value == "Tile(64, 128)"
+
+
+def test_set_knobs_rewrites_values_only():
+    new = B.set_knobs(PARENT, {"kChunks": 8, "kPlacement": "Placement::kFused"})
+    assert {k.name: k.value for k in B.knobs(new)} == {
+        "kChunks": "8", "kThreads": "256", "kPlacement": "Placement::kFused"}
+    changed = [(a, b) for a, b in zip(PARENT.split("\n"), new.split("\n")) if a != b]
+    assert len(changed) == 2 and len(new.split("\n")) == len(PARENT.split("\n"))
+    assert B.frozen_hash(new) == B.frozen_hash(PARENT)
+    assert B.check_candidate(new, PARENT).ok
+
+
+def test_set_knobs_validates():
+    with pytest.raises(BadInput, match=r"knob kChunks = 3 is not in its allowed set \{1, 2, 4, 8\}"):
+        B.set_knobs(PARENT, {"kChunks": 3})
+    with pytest.raises(BadInput, match=r"unknown knob 'kNope'"):
+        B.set_knobs(PARENT, {"kNope": 1})
+
+
+def test_set_knobs_formats_bools():
+    code = "// EVOLVE-BLOCK-START knobs\nconstexpr bool kFuse = false; // knob: {false, true}\n// EVOLVE-BLOCK-END\n"
+    assert "kFuse = true;" in B.set_knobs(code, {"kFuse": True})
+
+
+def test_design_cell_is_sorted_and_stable():
+    ks = B.knobs(PARENT)
+    cell = B.design_cell(ks)
+    assert cell == "kChunks=4|kPlacement=Placement::kTwoStream|kThreads=256"
+    assert B.design_cell(list(reversed(ks))) == cell
+    assert B.design_cell({"kThreads": 256, "kPlacement": "Placement::kTwoStream", "kChunks": 4}) == cell
+    assert B.design_cell({}) == "-"
+    assert B.design_cell(B.knobs(B.set_knobs(PARENT, {"kChunks": 2}))) != cell
+    assert B.check_candidate(PARENT).cell == cell
+
+
+# ------------------------------------------------------------------------------------------------- L0: pass
+
+def test_parent_against_itself_is_accepted():
+    report = check(PARENT)
+    assert report.ok, report.reasons
+    assert report.reasons == [] and report.frozen_hash == B.frozen_hash(PARENT)
+    assert report.blocks == ["knobs", "kernels", "step"]
+    assert report.knob_values["kChunks"] == "4"
+    d = report.to_dict()
+    assert d["ok"] is True and d["knobs"]["kThreads"] == "256" and d["marker_version"] == 1
+
+
+def test_edit_inside_a_block_is_accepted():
+    cand = PARENT.replace("CUDA_OK(cudaStreamWaitEvent(ctx->stream, s->ev[c], 0));",
+                          "CUDA_OK(cudaStreamWaitEvent(ctx->stream, s->ev[c], 0));\n"
+                          "    cudaStream_t cur = nullptr;\n    (void)cur;")
+    report = check(cand)
+    assert report.ok, report.reasons
+
+
+def test_allowed_host_calls_inside_blocks():
+    body = """\
+  auto pick = [&](int c) { return c; };
+  int m = std::max(1, std::min<int>(2, 3)) + max(1, 2) + pick(0);
+  memset(&m, 0, sizeof(m));
+  fprintf(stderr, "chunks %d\\n", kChunks);
+  printf("%d\\n", ceil_div(4, 2));
+  auto* t = reinterpret_cast<const float*>(in.local);
+  CUDA_OK(cudaMemsetAsync(out.local, 0, 16, ctx->stream));
+  cuco_helper_does_not_exist_but_has_the_prefix(ctx);
+  [&]() { m += 1; }();
+  dim3 grid = dim3(1, 2, 1);
+  (void)t; (void)grid;"""
+    report = check(in_block(PARENT, "step", body))
+    assert report.ok, report.reasons
+
+
+def test_device_code_may_use_asm_and_unknown_device_functions():
+    body = """\
+__device__ int dev_helper(int x) { asm volatile("membar.sys;" ::: "memory"); return __popc(x) + helper_x(x); }
+__global__ void k2(int* p) { p[0] = dev_helper(__ldg(p)); asm("fence.acq_rel.gpu;"); }"""
+    report = check(in_block(PARENT, "kernels", body))
+    assert report.ok, report.reasons
+
+
+def test_frozen_code_is_not_whitelisted():
+    # Denied calls in frozen code are the parent's business (a person accepted them): no rejection.
+    code = PARENT.replace("CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {",
+                          "CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {\n  (void)getenv(\"HOME\");")
+    assert check(code, code).ok
+
+
+def test_extra_allow_accepts_a_named_call():
+    code = in_block(PARENT, "step", "  my_safe_helper(1);")
+    assert not B.check_candidate(code, PARENT).ok
+    assert B.check_candidate(code, PARENT, extra_allow=["my_safe_helper"]).ok
+    assert B.check_candidate(code, PARENT, extra_allow=["my_safe_*"]).ok
+
+
+# ------------------------------------------------------------------------------------------ L0: rejections
+
+def test_edit_outside_a_block_is_rejected():
+    cand = PARENT.replace("  return cudaGetLastError() == cudaSuccess ? 0 : 1;",
+                          "  cudaDeviceSynchronize();\n  return cudaGetLastError() == cudaSuccess ? 0 : 1;")
+    report = check(cand)
+    assert_rejected(report, r"frozen code \(outside EVOLVE blocks\) differs from the parent",
+                    r"'cudaDeviceSynchronize\(\);' was added", line=line_of(cand, "cudaDeviceSynchronize"))
+    assert report.frozen_hash != B.frozen_hash(PARENT)
+
+
+def test_a_single_frozen_byte_changed_is_rejected():
+    cand = PARENT.replace("static int ceil_div(int a, int b) { return (a + b - 1) / b; }",
+                          "static int ceil_div(int a, int b) { return (a + b - 0) / b; }")
+    assert cand != PARENT
+    assert_rejected(check(cand), r"parent line \d+ 'static int ceil_div.*' became 'static int ceil_div",
+                    line=line_of(cand, "static int ceil_div"))
+
+
+def test_removed_frozen_line_and_renamed_block_are_rejected():
+    assert_rejected(check(PARENT.replace("  delete s;\n", "")), r"'delete s;' was removed")
+    assert_rejected(check(PARENT.replace("EVOLVE-BLOCK-START step", "EVOLVE-BLOCK-START stepper")),
+                    r"EVOLVE-BLOCK-START stepper")
+
+
+def test_moving_a_frozen_line_into_a_block_is_rejected():
+    cand = PARENT.replace("  const cuco_tensor_t& out = ctx->tensors[1];\n  // EVOLVE-BLOCK-START step\n",
+                          "  // EVOLVE-BLOCK-START step\n  const cuco_tensor_t& out = ctx->tensors[1];\n")
+    assert cand != PARENT
+    assert_rejected(check(cand), r"frozen code")
+
+
+def test_knob_outside_the_knob_block_is_rejected():
+    cand = in_block(PARENT, "step", "  constexpr int kSplit = 2;  // knob: {1, 2}")
+    assert_rejected(check(cand), r"knob declaration kSplit outside the knob block \(in block 'step'\)",
+                    line=line_of(cand, "kSplit"))
+    frozen = PARENT.replace("struct State {", "constexpr int kSplit = 2;  // knob: {1, 2}\nstruct State {")
+    assert_rejected(check(frozen, None), r"knob declaration kSplit outside the knob block \(in frozen code\)")
+
+
+def test_knob_value_not_in_its_set_is_rejected():
+    cand = PARENT.replace("constexpr int kChunks = 4;", "constexpr int kChunks = 3;")
+    assert_rejected(check(cand), r"knob kChunks = 3 is not in its allowed set \{1, 2, 4, 8\}",
+                    line=line_of(cand, "kChunks = 3"))
+
+
+def test_other_lines_in_the_knob_block_are_rejected():
+    cand = in_block(PARENT, "knobs", "int not_a_knob = 3;")
+    assert_rejected(check(cand), r"not a knob in the knob block", line=line_of(cand, "not_a_knob"))
+    cand = in_block(PARENT, "knobs", "constexpr int kBare = 3;")
+    assert_rejected(check(cand), r"a constexpr without '// knob: \{a, b, \.\.\.\}'")
+
+
+def test_duplicate_knob_is_rejected():
+    cand = in_block(PARENT, "knobs", "constexpr int kChunks = 2; // knob: {1, 2}")
+    assert_rejected(check(cand, None), r"knob kChunks is declared twice")
+
+
+def test_knob_sets_and_names_must_stay_the_parents():
+    wider = PARENT.replace("// knob: {1, 2, 4, 8}", "// knob: {1, 2, 3, 4, 8}").replace("kChunks = 4;", "kChunks = 3;")
+    assert_rejected(check(wider), r"knob kChunks changed its type or allowed set \(parent: int \{1, 2, 4, 8\}\)")
+    added = in_block(PARENT, "knobs", "constexpr int kNew = 1; // knob: {1, 2}")
+    assert_rejected(check(added), r"knob kNew is new")
+    removed = re.sub(r"constexpr int kThreads.*\n", "", PARENT)
+    assert_rejected(check(removed), r"parent line \d+: knob kThreads was removed")
+
+
+HOST_VIOLATIONS = [
+    # (category, line inserted in the step block, pattern the reason must match)
+    ("file I/O", '  FILE* f = fopen("/tmp/leak", "w");', r"file I/O call 'fopen'"),
+    ("file I/O", '  std::ofstream log("/tmp/leak");', r"file I/O: type 'ofstream'"),
+    ("file I/O", '  std::ifstream in2("/etc/passwd");', r"file I/O: type 'ifstream'"),
+    ("file I/O", '  fprintf(ctx_file, "%d", 1);', r"file I/O call 'fprintf'"),
+    ("file I/O", '  int fd = open("/tmp/x", 0); write(fd, "x", 1);', r"file I/O call 'open'.*|file I/O call 'write'"),
+    ("file I/O", '  std::filesystem::remove("/tmp/x");', r"file I/O: namespace 'filesystem'"),
+    ("syscall", '  system("rm -rf /tmp/x");', r"process/syscall call 'system'"),
+    ("syscall", '  std::system("ls");', r"process/syscall call 'std::system'"),
+    ("syscall", '  FILE* p = popen("ls", "r");', r"process/syscall call 'popen'"),
+    ("syscall", '  if (fork() == 0) execvp("sh", nullptr);', r"process/syscall call 'fork'"),
+    ("syscall", '  syscall(39);', r"process/syscall call 'syscall'"),
+    ("syscall", '  int sk = socket(2, 1, 0);', r"process/syscall call 'socket'"),
+    ("syscall", '  kill(0, 9);', r"process/syscall call 'kill'"),
+    ("syscall", '  exit(0);', r"process/syscall call 'exit'"),
+    ("dlsym", '  void* h = dlopen("libx.so", 1);', r"dynamic loading call 'dlopen'"),
+    ("dlsym", '  auto fn = dlsym(nullptr, "ncclAllReduce");', r"dynamic loading call 'dlsym'"),
+    ("dlsym", '  void* ep; cudaGetDriverEntryPoint("cuMemcpy", &ep, 0);', r"dynamic loading call 'cudaGetDriverEntryPoint'"),
+    ("getenv", '  const char* v = getenv("NCCL_DEBUG");', r"environment call 'getenv'"),
+    ("getenv", '  setenv("NCCL_PROTO", "LL", 1);', r"environment call 'setenv'"),
+    ("threads", '  pthread_t th; pthread_create(&th, nullptr, nullptr, nullptr);', r"threads call 'pthread_create'"),
+    ("threads", '  std::thread worker([] {});', r"threads: type 'thread'"),
+    ("threads", '  auto w = std::thread([] {});', r"threads call 'std::thread'"),
+    ("asm", '  asm volatile("mov %0, 1;" : "=r"(m));', r"inline asm in host function 'cuco_step'"),
+    ("asm", '  __asm__("nop");', r"inline asm in host function 'cuco_step'"),
+    ("include", '#include <fstream>', r"#include inside EVOLVE block 'step'"),
+    ("unknown", '  launch_missiles(ctx);', r"unknown host call 'launch_missiles'.*HOST_CALL_ALLOW"),
+    ("unknown", '  auto fp = &ceil_div; (*fp)(1, 2);', r"indirect call '\(\*fp\)'"),
+    ("reference", '  auto run = &system; run("ls");', r"'system' is referenced inside EVOLVE block 'step'"),
+]
+
+
+@pytest.mark.parametrize("category, line, pattern", HOST_VIOLATIONS,
+                         ids=[f"{c}-{i}" for i, (c, _, _) in enumerate(HOST_VIOLATIONS)])
+def test_each_host_whitelist_violation_is_rejected(category, line, pattern):
+    cand = in_block(PARENT, "step", line)
+    report = check(cand)
+    assert_rejected(report, pattern, r"EVOLVE block 'step'", line=line_of(cand, line.strip()))
+
+
+def test_host_violation_in_a_host_function_defined_in_a_block():
+    cand = in_block(PARENT, "kernels", 'static void tell() { const char* v = getenv("X"); (void)v; }')
+    assert_rejected(check(cand), r"environment call 'getenv' in host code inside EVOLVE block 'kernels'")
+
+
+def test_host_device_functions_count_as_host_code():
+    cand = in_block(PARENT, "kernels", '__host__ __device__ int hd(int x) { asm("nop"); return x; }')
+    assert_rejected(check(cand), r"inline asm in host function 'hd'")
+
+
+def test_file_scope_asm_in_a_block_is_rejected():
+    cand = in_block(PARENT, "kernels", 'static int probe() { return 0; }\nint forced = (asm("nop"), 0);')
+    assert not check(cand).ok
+
+
+def test_macro_defined_in_a_block_cannot_hide_a_denied_call():
+    cand = in_block(PARENT, "step", '#define QUIET_HOOK() system("curl example.com")\n  QUIET_HOOK();')
+    assert_rejected(check(cand), r"process/syscall: macro QUIET_HOOK uses 'system'")
+
+
+def test_calls_inside_macro_invocations_are_checked():
+    cand = in_block(PARENT, "step", '  CUDA_OK(cudaMemsetAsync(out.local, 0, 4, ctx->stream) + (getenv("A") != 0));')
+    assert_rejected(check(cand), r"environment call 'getenv'")
+
+
+def test_several_violations_give_one_reason_each_in_line_order():
+    cand = in_block(PARENT, "step", '  system("a");\n  getenv("b");\n  launch_missiles();')
+    report = check(cand)
+    lines = [int(r.split(":")[0].split()[1]) for r in report.reasons]
+    assert len(report.reasons) == 3 and lines == sorted(lines)
+
+
+# -------------------------------------------------------------------------------------------- bad input
+
+def test_non_cuda_text_is_rejected():
+    report = B.check_candidate("import os\n\ndef main():\n    print(os.getcwd())\n\nmain()\n")
+    assert not report.ok and "does not look like CUDA source" in report.reasons[0]
+    assert not B.check_candidate("   \n").ok
+
+
+def test_malformed_parent_is_bad_input():
+    with pytest.raises(BadInput, match=r"parent: line \d+: block 'step' is never closed"):
+        B.check_candidate(PARENT, PARENT.replace("  // EVOLVE-BLOCK-END\n  return cudaGetLastError()",
+                                                 "  return cudaGetLastError()"))
+
+
+def test_knobs_raises_bad_input_on_a_broken_knob_block():
+    with pytest.raises(BadInput, match=r"knob kChunks = 5 is not in its allowed set"):
+        B.knobs(PARENT.replace("kChunks = 4;", "kChunks = 5;"))
+
+
+DEVICE_HEADS = [
+    "template <int N> __global__ void __launch_bounds__(N) k(int* p)",
+    'extern "C" __global__ void k(int* p)',
+    "__global__ static void k(int* p)",
+    "__device__ __noinline__ int k(int* p)",
+    "__global__ void __cluster_dims__(2, 1, 1) k(int* p)",   # parses as a declaration + a bare function
+    "__global__ void MY_BOUNDS(256) k(int* p)",
+    "DEV_INLINE int k(int* p)",                              # a macro that expands to __device__
+]
+HOST_HEADS = ["void k(int* p)", "__host__ __device__ int k(int* p)", "static inline int k(int* p)",
+              "void NOT_DEVICE(256) k(int* p)"]
+
+
+def _snippet(head: str) -> str:
+    return ("#include <x.h>\n#define DEV_INLINE __device__ __forceinline__\n// EVOLVE-BLOCK-START b\n"
+            f"{head} {{\n  device_only_helper(p);\n  asm volatile(\"fence.sc.sys;\");\n  return 0;\n}}\n"
+            "// EVOLVE-BLOCK-END\nint z;\n")
+
+
+@pytest.mark.parametrize("head", DEVICE_HEADS)
+def test_device_function_heads_are_recognised(head):
+    report = B.check_candidate(_snippet(head))
+    assert report.ok, report.reasons
+
+
+@pytest.mark.parametrize("head", HOST_HEADS)
+def test_host_function_heads_are_checked(head):
+    assert_rejected(B.check_candidate(_snippet(head)), r"line 5: unknown host call 'device_only_helper'",
+                    r"line 6: inline asm in host function 'k'")
+
+
+def test_device_lambda_in_host_code_is_device_code():
+    code = in_block(PARENT, "step", '  auto f = [=] __device__ (int i) { asm("nop"); return dev_only(i); };')
+    assert check(code).ok, check(code).reasons
+    code = in_block(PARENT, "step", '  auto g = [=] (int i) { return host_mystery(i); };')
+    assert_rejected(check(code), r"unknown host call 'host_mystery'")
