@@ -669,14 +669,15 @@ class Store:
 
     # ---- LLM ledger ---------------------------------------------------------------------------------------
 
-    def add_llm_call(self, *, run_id: int | None, model: str, purpose: str, prompt_tokens: int,
-                     completion_tokens: int, latency_s: float, dollars: float | None, ok: bool,
-                     error: str = "", request_hash: str = "") -> int:
+    def add_llm_call(self, *, run_id: int | None, model: str, purpose: str, prompt_tokens: int | None,
+                     completion_tokens: int | None, latency_s: float, dollars: float | None, ok: bool,
+                     error: str | None = "", request_hash: str = "") -> int:
+        # A refused or failed call has no token counts: stored as 0, the ok/error columns say what happened.
         return self._write(
             "INSERT INTO llm_calls (run_id, model, purpose, prompt_tokens, completion_tokens, latency_s, dollars, "
             "ok, error, request_hash, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (run_id, model, purpose, int(prompt_tokens), int(completion_tokens), float(latency_s),
-             None if dollars is None else float(dollars), int(bool(ok)), error, request_hash, time.time()))
+            (run_id, model, purpose, int(prompt_tokens or 0), int(completion_tokens or 0), float(latency_s),
+             None if dollars is None else float(dollars), int(bool(ok)), error or "", request_hash, time.time()))
 
     def llm_calls(self, run_id: int | None = None) -> list[dict]:
         if run_id is None:

@@ -1,0 +1,65 @@
+"""`SearchConfig`: every knob of the search in one JSON-serialisable dataclass with defaults that work."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cuco_kit.errors import BadInput
+from cuco_kit.search.archive import DEFAULT_FEATURES
+from cuco_kit.search.budget import BudgetConfig
+from cuco_kit.search.design_space import DesignSpaceConfig
+from cuco_kit.search.islands import IslandConfig
+from cuco_kit.search.meta import MetaConfig
+from cuco_kit.search.novelty import NoveltyConfig
+from cuco_kit.search.phases import PhaseConfig
+from cuco_kit.search.selection import SelectionConfig
+
+
+@dataclass
+class SearchConfig:
+    world_size: int = 1
+    backend: str = "nccl"  # "nccl" | "symm"
+    params: dict[str, int] = field(default_factory=dict)  # workload parameter overrides
+    iters: int = 20  # timed iterations per evaluation
+    seed: int = 0  # seeds proposal order, parent draws and samplers: same seed, same programs
+    proposals_per_generation: int = 4
+    slots: int = 1  # evaluations at once (GPUs, or concurrent evaluations the evaluator takes)
+    gate: str = "auto"  # "auto" | "manual"
+    max_pending: int = 8  # manual gate: stop proposing while this many wait for a decision
+    inspirations: int = 3
+    failures_in_prompt: int = 3
+    cell_features: list[str] = field(default_factory=lambda: list(DEFAULT_FEATURES))
+    idle_poll_s: float = 0.2  # how often an idle engine looks for decisions and stop requests
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    islands: IslandConfig = field(default_factory=IslandConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    phases: PhaseConfig = field(default_factory=PhaseConfig)
+    novelty: NoveltyConfig = field(default_factory=NoveltyConfig)
+    meta: MetaConfig = field(default_factory=MetaConfig)
+    design_space: DesignSpaceConfig = field(default_factory=DesignSpaceConfig)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("nccl", "symm"):
+            raise BadInput(f"backend {self.backend!r} is not one of nccl, symm")
+        if self.world_size < 1:
+            raise BadInput(f"world_size must be >= 1, got {self.world_size}")
+        if self.proposals_per_generation < 1 or self.slots < 1:
+            raise BadInput("proposals_per_generation and slots must be >= 1")
+        if self.gate not in ("auto", "manual"):
+            raise BadInput(f"gate {self.gate!r} is not one of auto, manual")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SearchConfig":
+        d = dict(d)
+        sub = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
+               "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}
+        for k, t in sub.items():
+            if isinstance(d.get(k), dict):
+                d[k] = t(**d[k])
+        if isinstance(d.get("phases"), dict):
+            d["phases"] = PhaseConfig.from_dict(d["phases"])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})

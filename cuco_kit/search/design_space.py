@@ -1,0 +1,199 @@
+"""The offline mutation source: Optuna ask-and-tell over the knob block, structural placement knobs included.
+
+Optuna has no lineage, so each proposal uses a throwaway in-memory study for its lineage node (the parent):
+the parent's own values are enqueued first (``enqueue_trial``) and told with its result, the parent's
+evaluated children are added as finished trials from our store's results, and then the sampler is asked for
+new points. Combinations known to fail (earlier failures in the lineage, or a user predicate) are infeasible
+through ``constraints_func``. Every point asked for becomes SEARCH/REPLACE edits of the knob lines, applied by
+cuco_kit.patch exactly like an LLM's diff, so design-space proposals carry the same diff format.
+
+Samplers: ``GPSampler`` for small budgets run one at a time (it needs scipy and torch; when they are missing
+TPE is used and the fallback is logged once), ``TPESampler(multivariate=True, constant_liar=True)`` when
+evaluations run in parallel. Sampler seeds derive from the run's seed, the parent and the lineage size, so a
+seeded run asks the same points again.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from cuco_kit.search.population import ProgramView
+from cuco_kit.search.proposal import Proposal, ProposalContext, unified_diff
+
+log = logging.getLogger("cuco_kit.search")
+
+# Knob names that select a structural variant; changing one is tagged "placement" for viewers (advisory).
+_STRUCTURAL_WORDS = ("placement", "issuer", "scope", "sync", "variant", "fuse", "fusion", "stream")
+
+
+@dataclass
+class DesignSpaceConfig:
+    sampler: str = "auto"  # "auto" | "gp" | "tpe" | "random"
+    gp_max_evaluations: int = 60  # "auto" uses GP (one at a time) up to this many evaluated programs in the run
+    n_startup_trials: int = 4  # sampler's random start before modelling
+    max_asks: int = 30  # asks per proposal before giving up on finding an unseen combination
+    failed_value: float = 0.0  # value told for a failed combination (speed-up 0)
+
+
+class DesignSpaceSource:
+    """Proposals that move knob values (``kinds = ("design_space",)``)."""
+
+    name = "design_space"
+    kinds = ("design_space",)
+
+    def __init__(self, config: DesignSpaceConfig | None = None,
+                 is_valid: Callable[[dict[str, str]], bool] | None = None) -> None:
+        self.config = config or DesignSpaceConfig()
+        self.is_valid = is_valid  # user constraint over knob values (e.g. chunks must divide the tile)
+        self._gp_warned = False
+        self.last_sampler = ""
+
+    # -- sampler --------------------------------------------------------------------------------------------
+    def _sampler(self, ctx: ProposalContext, seed: int, constraints: Callable) -> Any:
+        import optuna
+
+        want = self.config.sampler
+        if want == "auto":
+            small = len(ctx.population.scored()) <= self.config.gp_max_evaluations
+            want = "gp" if ctx.parallel <= 1 and small else "tpe"
+        if want == "gp":
+            try:
+                import scipy  # noqa: F401 -- GPSampler needs it at ask time, not at construction
+                import torch  # noqa: F401
+
+                self.last_sampler = "GPSampler"
+                return optuna.samplers.GPSampler(seed=seed, n_startup_trials=self.config.n_startup_trials,
+                                                 constraints_func=constraints, deterministic_objective=False)
+            except ImportError as exc:
+                if not self._gp_warned:
+                    log.info("design space: GPSampler unavailable (%s); using TPESampler", exc)
+                    self._gp_warned = True
+        if want == "random":
+            self.last_sampler = "RandomSampler"
+            return optuna.samplers.RandomSampler(seed=seed)
+        self.last_sampler = "TPESampler"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # multivariate/constant_liar are "experimental" in some versions
+            return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
+                                              n_startup_trials=self.config.n_startup_trials,
+                                              constraints_func=constraints)
+
+    # -- proposing ------------------------------------------------------------------------------------------
+    def propose(self, ctx: ProposalContext) -> list[Proposal]:
+        import optuna
+
+        from cuco_kit import blocks
+
+        parent = ctx.parent
+        try:
+            knobs = blocks.knobs(parent.code)
+        except Exception as exc:  # noqa: BLE001 -- a parent without a usable knob block has no design space
+            log.info("design space: program %s has no usable knob block (%s)", parent.id, exc)
+            return []
+        if not knobs:
+            return []
+        dists = {k.name: optuna.distributions.CategoricalDistribution(list(k.allowed)) for k in knobs}
+        parent_values = {k.name: k.value for k in knobs}
+        known_bad: set[tuple] = set()
+
+        def key(values: dict[str, Any]) -> tuple:
+            return tuple(str(values[n]) for n in dists)
+
+        def constraints(trial: Any) -> list[float]:
+            # Infeasible (> 0) when the lineage saw this combination fail or the user predicate rejects it.
+            params = {n: str(v) for n, v in trial.params.items()}
+            bad = key(params) in known_bad if len(params) == len(dists) else False
+            if self.is_valid is not None and len(params) == len(dists) and not self.is_valid(params):
+                bad = True
+            return [1.0 if bad else 0.0]
+
+        lineage = [c for c in ctx.population.children_of(parent.id) if c.evaluated]
+        seed = zlib.crc32(f"{ctx.seed}/{parent.id}/{len(lineage)}/{ctx.generation}/{ctx.island}".encode())
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(direction="maximize", sampler=self._sampler(ctx, seed, constraints))
+        seen: dict[tuple, ProgramView | None] = {key(parent_values): parent}
+
+        # The parent's point first: enqueued, asked, told with what the store knows of it.
+        study.enqueue_trial(parent_values)
+        t = study.ask(dists)
+        self._tell(study, t, parent, known_bad, key(parent_values))
+        for child in lineage:
+            values = {k: v for k, v in child.knobs.items() if k in dists}
+            if set(values) != set(dists) or any(values[n] not in dists[n].choices for n in dists):
+                continue  # a child whose knob set changed cannot be a point of this space
+            if key(values) in seen:
+                continue
+            seen[key(values)] = child
+            fit = child.fitness
+            if fit is None:
+                known_bad.add(key(values))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                study.add_trial(optuna.trial.create_trial(
+                    params=values, distributions=dists,
+                    value=fit if fit is not None else self.config.failed_value,
+                    system_attrs={"constraints": [0.0 if fit is not None else 1.0]}))
+
+        existing = {p.code for p in ctx.population.all()}
+        out: list[Proposal] = []
+        asks = 0
+        while len(out) < ctx.n and asks < self.config.max_asks:
+            asks += 1
+            trial = study.ask(dists)
+            values = {n: str(v) for n, v in trial.params.items()}
+            k = key(values)
+            if k in seen or (self.is_valid is not None and not self.is_valid(values)):
+                # Already measured (or proposed in this batch): tell what we know so the sampler moves on.
+                self._tell(study, trial, seen.get(k), known_bad, k)
+                continue
+            code = self._apply(parent.code, knobs, values)
+            if code is None or code in existing:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            seen[k] = None  # pending: constant_liar treats it as running
+            existing.add(code)
+            out.append(self._proposal(ctx, parent, parent_values, values, code, len(lineage), trial.number))
+        return out
+
+    def _tell(self, study: Any, trial: Any, program: ProgramView | None, known_bad: set, k: tuple) -> None:
+        import optuna
+
+        if program is None or not program.evaluated:
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        elif program.fitness is None:
+            known_bad.add(k)
+            study.tell(trial, self.config.failed_value)
+        else:
+            study.tell(trial, program.fitness)
+
+    @staticmethod
+    def _apply(code: str, knobs: list, values: dict[str, str]) -> str | None:
+        """SEARCH/REPLACE edits of the changed knob lines (each line is unique: a knob is declared once),
+        applied with cuco_kit.patch, the path an LLM's diff takes."""
+        from cuco_kit import blocks, patch
+
+        target = blocks.set_knobs(code, values).split("\n")
+        lines = code.split("\n")
+        edits = [patch.Edit(lines[k.line - 1], target[k.line - 1]) for k in knobs if values[k.name] != k.value]
+        if not edits:
+            return None
+        try:
+            return patch.apply_edits(code, edits)
+        except patch.PatchError as exc:
+            log.warning("design space: could not apply knob edits: %s", exc)
+            return None
+
+    def _proposal(self, ctx: ProposalContext, parent: ProgramView, old: dict[str, str], new: dict[str, str],
+                  code: str, lineage: int, trial_no: int) -> Proposal:
+        changed = [n for n in new if new[n] != old[n]]
+        name = "knobs: " + ", ".join(f"{n} {old[n]}->{new[n]}" for n in changed)
+        structural = [n for n in changed if any(w in n.lower() for w in _STRUCTURAL_WORDS)]
+        tags = ["design_space"] + (["placement"] if structural else []) + [f"knob:{n}" for n in changed]
+        rationale = (f"{self.last_sampler} trial {trial_no} over the knob block of program {parent.id} "
+                     f"({lineage} evaluated children in this lineage): changes {', '.join(changed)}.")
+        return Proposal(name=name[:120], rationale=rationale, diff=unified_diff(parent.code, code), tags=tags,
+                        source="design_space", parent_id=parent.id, code=code,
+                        meta={"sampler": self.last_sampler, "trial": trial_no, "params": new})

@@ -1,0 +1,684 @@
+"""`SearchEngine`: the evolutionary loop that ties sources, gate, executor, store and events together.
+
+One generation (a "round"): for each of ``proposals_per_generation`` slots, pick an island (slots go round the
+islands), draw a mutation kind from the phase's mix, select a parent on that island and ask the source that
+serves the kind; design-space slots with the same parent share one Optuna study (so constant-liar sampling
+spreads them). Proposals are de-duplicated by code hash, filtered for novelty, stored, and passed through the
+approval gate; approved ones become programs (stored before any is evaluated), then the executor evaluates
+them, and the generation ends with migration, phase switching and, now and then, the meta-summary.
+
+Reproducibility: each round draws from ``Random(f"{seed}/{generation}")`` and sees only results committed in
+earlier rounds, so with a deterministic evaluator (simulated or replayed) the same seed gives the same programs,
+in the same order, even across a kill and resume.
+
+Resume (also after kill -9): the store is the record. In-flight evaluations are marked interrupted
+(``store.mark_interrupted``) and their programs evaluated again (the new request carries ``rerun_of``); programs
+stored but never evaluated are evaluated; proposals still pending go back to the gate; the round counter,
+phase, migrations and meta-summary come from the run's ``state`` metadata, written in one row at the end of each
+round. A committed evaluation is never repeated.
+
+Threads: ``run()`` blocks (the CLI); ``start()`` runs the same loop in a worker thread and returns at once
+(notebooks). ``pause()``, ``resume()``, ``stop()``, ``gate.decide(...)`` and ``submit_human(...)`` may be called
+from any thread; none of them waits for the engine.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from cuco_kit.errors import BadInput, CucoError
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.search import islands as islands_mod
+from cuco_kit.search.archive import Archive, cell_of
+from cuco_kit.search.budget import BudgetTracker
+from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.executor import Executor, PoolExecutor, error_result
+from cuco_kit.search.gate import ApprovalGate
+from cuco_kit.search.human import HumanEdit, HumanSource
+from cuco_kit.search.meta import MetaSummarizer
+from cuco_kit.search.novelty import NoveltyFilter
+from cuco_kit.search.phases import PhaseController, PhaseState
+from cuco_kit.search.population import Population, ProgramView
+from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
+from cuco_kit.search.selection import SelectionConfig, select_parent
+
+log = logging.getLogger("cuco_kit.search")
+
+LLM_KINDS = ("diff", "full", "crossover")
+
+
+@dataclass
+class SearchSummary:
+    run_id: int
+    state: str
+    reason: str
+    generations: int
+    programs: int
+    evaluations: int
+    best_program_id: int | None
+    best_speedup: float | None
+    best_median_ms: float | None
+    badge: str
+    duplicates_skipped: int
+    novelty_rejected: int
+    reruns: int
+    prebuilds: int
+    llm_dollars: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _NoEvents:
+    def publish(self, kind: str, run_id: int | None = None, **data: Any) -> None:
+        return None
+
+
+class SearchEngine:
+    def __init__(self, workload_dir: str | Path, store: Any, evaluator: Evaluator,
+                 sources: Sequence[ProposalSource], config: SearchConfig | None = None, events: Any = None, *,
+                 executor: Executor | None = None, run_id: int | None = None, resume: bool = True,
+                 embed: Any = None) -> None:
+        self.workload_dir = str(workload_dir)
+        self.store = store
+        self.evaluator = evaluator
+        self.config = config or SearchConfig()
+        self.events = events if events is not None else _NoEvents()
+        self.sources: list[Any] = list(sources)
+        self.human: HumanSource = next((s for s in self.sources if isinstance(s, HumanSource)), None) \
+            or HumanSource()
+        if self.human not in self.sources:
+            self.sources.append(self.human)
+        self.gate = ApprovalGate(self.config.gate)
+        self.executor: Executor = executor or PoolExecutor(evaluator, self.config.slots)
+        self.badge: str = getattr(evaluator, "badge", "real")
+        self._requested_run_id = run_id
+        self._resume = resume
+        self.novelty = NoveltyFilter(self.config.novelty, embed)
+        self.run_id: int | None = None
+        self.population = Population()
+        self.archive = Archive()
+        self.phase = PhaseController(self.config.phases)
+        self.ledger: Any = None
+        self.state = "new"
+        self.reason = ""
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._thread: threading.Thread | None = None
+        self._setup_done = False
+        self._gen_done = 0
+        self._migrations: list[dict] = []
+        self._meta_summary = ""
+        self._wall_before = 0.0
+        self._llm_out = False
+        self._proposal_info: dict[int, tuple[int, int]] = {}  # proposal id -> (generation, island)
+        self._ready: list[int] = []  # program ids approved and stored, waiting for evaluation
+        self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
+        self._best: float | None = None
+        self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
+
+    # ------------------------------------------------------------------------------------------- control
+    def run(self) -> SearchSummary:
+        """Run until the budget is spent or ``stop()`` is called; returns the summary. Raises what broke the
+        run (after recording the run as stopped)."""
+        try:
+            self._setup()
+            self._loop()
+        except BaseException as exc:
+            self.error = exc
+            self._finish("stopped", f"error: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.executor.shutdown(wait=True)
+        return self.summary()
+
+    def start(self) -> threading.Thread:
+        """Run in a worker thread and return it at once (errors end up in ``self.error``)."""
+        if self._thread is not None and self._thread.is_alive():
+            raise BadInput("this search is already running; stop() it first")
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as exc:  # noqa: BLE001 -- kept for the notebook; the run is marked stopped
+                log.error("search stopped by an error: %s", exc)
+
+        self._thread = threading.Thread(target=target, name="cuco-search", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for a started search; True when it has ended."""
+        if self._thread is None:
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def pause(self) -> None:
+        """Stop proposing and starting evaluations after those in flight; ``resume()`` continues."""
+        self._running.clear()
+        self.gate.wake()
+
+    def resume(self) -> None:
+        self._running.set()
+        self.gate.wake()
+
+    def stop(self) -> None:
+        """End the run after the evaluations in flight are committed (resume later from the store)."""
+        self._stop.set()
+        self._running.set()
+        self.gate.wake()
+
+    def submit_human(self, parent_id: int, *, code: str | None = None, edits: str | None = None, name: str = "",
+                     rationale: str = "", tags: Sequence[str] = ()) -> None:
+        """Queue a person's edit of program ``parent_id`` (the whole code, or SEARCH/REPLACE edits)."""
+        self.human.submit(HumanEdit(parent_id, code=code, edits=edits, name=name, rationale=rationale,
+                                    tags=list(tags)))
+        self.gate.wake()
+
+    @property
+    def generation(self) -> int:
+        """Generations finished so far."""
+        return self._gen_done
+
+    # ------------------------------------------------------------------------------------------- events
+    def _emit(self, kind: str, **data: Any) -> None:
+        try:
+            self.events.publish(kind, run_id=self.run_id, **data)
+        except CucoError as exc:  # a malformed event is our bug; it must not kill a search
+            log.error("event %s not published: %s", kind, exc)
+
+    def _log(self, message: str, level: str = "info") -> None:
+        getattr(log, "warning" if level == "warning" else "info")(message)
+        self._emit("log", message=message, level=level, source="search")
+
+    def _set_state(self, state: str, reason: str = "") -> None:
+        self.state = state
+        if self.run_id is not None:
+            self.store.set_run_state(self.run_id, state)
+        self._emit("run_state", state=state, reason=reason)
+
+    # ------------------------------------------------------------------------------------------- setup
+    def _setup(self) -> None:
+        if self._setup_done:
+            return
+        from cuco_kit.workload import load_workload
+
+        cfg = self.config
+        self.workload = load_workload(self.workload_dir)
+        if not self.workload.baseline:
+            raise BadInput(f"workload {self.workload.name}: no baseline (the device-initiated program with the "
+                           "knob block) to start the search from; set Workload.baseline")
+        self.run_id = self._find_or_create_run()
+        self._load_state()
+        from cuco_kit.llm.ledger import Ledger
+
+        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars,
+                             already_spent=self.store.llm_dollars(self.run_id))
+        for s in self.sources:
+            bind = getattr(s, "bind", None)
+            if callable(bind):
+                bind(self)
+        if callable(getattr(self.evaluator, "bind_ledger", None)):
+            self.evaluator.bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
+        llm = next((getattr(s, "client", None) for s in self.sources if getattr(s, "client", None)), None)
+        self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
+                                   world_size=cfg.world_size)
+        self.budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
+        if not self.population.roots():
+            self._add_roots()
+        self._restore_pending()
+        self._setup_done = True
+
+    def _find_or_create_run(self) -> int:
+        cfg = self.config
+        if self._requested_run_id is not None:
+            self.store.run(self._requested_run_id)  # NotFound names it
+            return self._requested_run_id
+        if self._resume:
+            for run in reversed(self.store.runs()):
+                c = run["config"]
+                if run["workload"] == self.workload.name and c.get("backend") == cfg.backend \
+                        and c.get("world_size") == cfg.world_size and c.get("seed") == cfg.seed:
+                    self._log(f"resuming run {run['id']} of {self.workload.name} from {self.store.path}")
+                    return int(run["id"])
+        return self.store.create_run(workload=self.workload.name,
+                                     config={**cfg.to_dict(), "workload_dir": self.workload_dir},
+                                     seed=cfg.seed, badge=self.badge)
+
+    def _load_state(self) -> None:
+        rid = self.run_id
+        assert rid is not None
+        interrupted = self.store.mark_interrupted(rid)
+        st = self.store.get_meta(rid, "state", {}) or {}
+        self._gen_done = int(st.get("generation_done", 0))
+        self._migrations = list(st.get("migrations", []))
+        self._meta_summary = str(st.get("meta_summary", ""))
+        self._wall_before = float(st.get("wall_s", 0.0))
+        self._llm_out = bool(st.get("llm_exhausted", False))
+        if st.get("phase"):
+            self.phase = PhaseController(self.config.phases, PhaseState(**st["phase"]))
+        self.population = Population.from_store(self.store, rid, self._migrations)
+        self.archive = Archive.rebuild(self.population)
+        best = self.population.best()
+        self._best = best.fitness if best else None
+        if interrupted:
+            evs = {e["id"]: e for e in self.store.evaluations(run_id=rid)}
+            for eid in interrupted:
+                pid = evs[eid]["program_id"]
+                self._rerun_of.setdefault(pid, []).append(eid)
+            reruns = self.store.get_meta(rid, "reruns", []) or []
+            reruns.append({"at": time.time(), "interrupted": interrupted})
+            self.store.put_meta(rid, "reruns", reruns)
+            self._log(f"resume: {len(interrupted)} evaluation(s) were in flight when the run stopped "
+                      f"({', '.join(map(str, interrupted))}); marked interrupted, their programs run again",
+                      "warning")
+        # Programs stored but never evaluated (in flight at a kill, or waiting): evaluate them first.
+        self._ready = [p.id for p in self.population.unevaluated()]
+
+    def _add_roots(self) -> None:
+        wl, cfg = self.workload, self.config
+        rid = self.run_id
+        try:
+            seed_path = wl.seed_for(cfg.backend)
+        except BadInput as exc:
+            seed_path = None
+            self._log(f"{exc}: speed-ups come from the evaluator's own seed measurement only", "warning")
+        roots: list[tuple[str, str, str]] = []
+        if seed_path is not None:
+            roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))
+        roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
+        for source, name, code in roots:
+            knobs, cell = cell_of(code, cfg.backend, cfg.cell_features)
+            pid = self.store.add_program(run_id=rid, code=code, parent_id=None, source=source, name=name,
+                                         rationale=f"the workload's {name}", tags=[source], knobs=knobs, cell=cell,
+                                         island=0, generation=0)
+            self.population.add_row(self.store.program(pid))
+            self._ready.append(pid)
+
+    def _restore_pending(self) -> None:
+        for row in self.store.proposals(self.run_id, "pending"):
+            prop = Proposal(name=row["name"], rationale=row["rationale"], diff=row["diff"], tags=row["tags"],
+                            source=row["source"], parent_id=row["parent_id"], code=row["code"],
+                            second_parent_id=row.get("second_parent_id"))
+            parent = self.population.get(prop.parent_id)
+            self._proposal_info[row["id"]] = (self._gen_done, parent.island if parent else 0)
+            self.gate.restore(row["id"], prop)
+
+    # ------------------------------------------------------------------------------------------- loop
+    def _loop(self) -> None:
+        cfg = self.config
+        self._set_state("running")
+        # Leftovers of an interrupted session: finish the round they belong to first.
+        self._drain_gate()
+        self._evaluate_ready()
+        self._close_rounds()
+        while True:
+            if self._stop.is_set():
+                return self._finish("stopped", "stopped by request")
+            self._hold_if_paused()
+            if self._stop.is_set():
+                continue
+            hard = self.budget.hard_stop()
+            if hard:
+                return self._finish("finished", hard)
+            self._collect_human()
+            self._drain_gate()
+            if self._ready:
+                self._evaluate_ready()
+                continue
+            why = self._round_blocked()
+            if why is None:
+                self._round(self._gen_done + 1)
+                continue
+            if why == "budget" and self.gate.waiting() == 0 and self.human.waiting() == 0:
+                return self._finish("finished", self._budget_reason())
+            self.gate.wait(cfg.idle_poll_s)
+
+    def _hold_if_paused(self) -> None:
+        """Block the engine thread (only) while paused; in-flight evaluations were already committed."""
+        if self._running.is_set():
+            return
+        self._set_state("paused")
+        while not self._running.wait(self.config.idle_poll_s):
+            pass
+        if not self._stop.is_set():
+            self._set_state("running")
+
+    def _budget_reason(self) -> str:
+        r = self.budget.exhausted(self._gen_done)
+        if r:
+            return r
+        return "LLM budget spent and no offline source to go on with" if self._llm_out else "budget reached"
+
+    def _round_blocked(self) -> str | None:
+        """Why no new round may start now: "budget", "pending" (manual gate full) or None."""
+        if self.budget.exhausted(self._gen_done):
+            return "budget"
+        if self.config.budget.llm_dollars is not None and not self._llm_out \
+                and self.budget.dollars_used() >= self.config.budget.llm_dollars:
+            self._llm_out = True
+            self._log(f"LLM budget spent (${self.budget.dollars_used():.4f}); no more LLM proposals", "warning")
+        if not self._kinds():
+            return "budget"
+        if self.gate.mode == "manual" and self.gate.waiting() >= self.config.max_pending:
+            return "pending"
+        return None
+
+    def _finish(self, state: str, reason: str) -> None:
+        self.reason = reason
+        if self.run_id is not None:
+            try:
+                self._save_state()
+            except Exception as exc:  # noqa: BLE001 -- the state row is best effort at the very end
+                log.error("could not save the run state: %s", exc)
+            self._set_state(state, reason)
+            self._log(f"search {state}: {reason}")
+
+    # ------------------------------------------------------------------------------------------- rounds
+    def _kinds(self) -> set[str]:
+        kinds: set[str] = set()
+        for s in self.sources:
+            kinds.update(getattr(s, "kinds", ()))
+        if self._llm_out:
+            kinds -= set(LLM_KINDS)
+        return kinds
+
+    def _source_for(self, kind: str) -> Any:
+        return next(s for s in self.sources if kind in getattr(s, "kinds", ()))
+
+    def _round(self, generation: int) -> None:
+        cfg = self.config
+        rng = random.Random(f"{cfg.seed}/{generation}")
+        settings = self.phase.settings
+        sel = SelectionConfig(**{**asdict(cfg.selection), "method": settings.selection})
+        kinds = self._kinds()
+        counts = self.population.child_counts()
+        slots: list[dict] = []
+        for slot in range(cfg.proposals_per_generation):
+            island = islands_mod.island_for_slot(slot, cfg.islands)
+            kind = settings.draw_kind(rng, kinds)
+            if kind is None:
+                break
+            parent = select_parent(self.population.island_members(island), self.population.roots(), sel, rng,
+                                   counts)
+            second = None
+            if kind == "crossover":
+                second = self._second_parent(parent, island, rng)
+                if second is None:
+                    kind = "diff" if "diff" in kinds else next(iter(sorted(kinds - {"crossover"})), None)
+                    if kind is None:
+                        continue
+            counts[parent.id] = counts.get(parent.id, 0) + 1
+            slots.append({"slot": slot, "island": island, "kind": kind, "parent": parent, "second": second})
+        # Design-space slots with the same parent share one study: asked together, constant-liar spreads them.
+        groups: list[dict] = []
+        for s in slots:
+            if s["kind"] == "design_space":
+                g = next((g for g in groups if g["kind"] == "design_space" and g["parent"].id == s["parent"].id
+                          and g["island"] == s["island"]), None)
+                if g is not None:
+                    g["n"] += 1
+                    continue
+            groups.append({**s, "n": 1})
+        proposals: list[tuple[Proposal, int]] = []
+        for g in groups:
+            ctx = self._context(generation, g, rng)
+            source = self._source_for(g["kind"])
+            try:
+                got = source.propose(ctx)
+            except CucoError as exc:
+                from cuco_kit.llm.client import LLMBudgetExceeded
+
+                if isinstance(exc, LLMBudgetExceeded):
+                    self._llm_out = True
+                    self._log(f"LLM budget spent: {exc}", "warning")
+                    continue
+                raise
+            proposals.extend((p, g["island"]) for p in got[:g["n"]])
+        seen: set[str] = set()
+        for prop, island in proposals:
+            self._admit(prop, generation, island, seen)
+        self._drain_gate()
+        self._evaluate_ready()
+        self._end_round(generation)
+
+    def _second_parent(self, parent: ProgramView, island: int, rng: random.Random) -> ProgramView | None:
+        pool = [p for p in self.population.top(self.config.selection.crossover_pool)
+                if p.id != parent.id and p.island != island]
+        pool += [self.population.programs[i] for i in self.archive.cells().values()
+                 if i != parent.id and i not in {p.id for p in pool}]
+        pool = [p for p in pool if p.code != parent.code]
+        return pool[rng.randrange(len(pool))] if pool else None
+
+    def _context(self, generation: int, g: dict, rng: random.Random) -> ProposalContext:
+        cfg = self.config
+        parent: ProgramView = g["parent"]
+        insp = [] if g["kind"] == "design_space" else self.archive.inspirations(
+            self.population, rng, cfg.inspirations, exclude=[parent.id], prefer_not_island=g["island"])
+        return ProposalContext(
+            run_id=self.run_id, generation=generation, island=g["island"], parent=parent,
+            population=self.population, phase=self.phase.settings, rng=rng, kind=g["kind"],
+            second_parent=g["second"], inspirations=insp,
+            failures=self.population.failures(cfg.failures_in_prompt), meta_summary=self._meta_summary,
+            seed=cfg.seed, parallel=cfg.slots, n=g["n"])
+
+    def _collect_human(self) -> None:
+        if self.human.waiting() == 0:
+            return
+        best = self.population.best() or (self.population.roots() or [None])[0]
+        if best is None:
+            return
+        ctx = ProposalContext(run_id=self.run_id, generation=self._gen_done + 1, island=best.island, parent=best,
+                              population=self.population, phase=self.phase.settings,
+                              rng=random.Random(0), kind="human", seed=self.config.seed)
+        for prop in self.human.propose(ctx):
+            parent = self.population.get(prop.parent_id)
+            self._admit(prop, self._gen_done + 1, parent.island if parent else 0, set())
+        for err in getattr(self.human, "errors", []):
+            self._log(err, "warning")
+
+    def _admit(self, prop: Proposal, generation: int, island: int, seen: set[str]) -> None:
+        """Dedupe, store, filter for novelty, and hand to the gate."""
+        from cuco_kit.store import code_hash
+
+        h = code_hash(prop.code)
+        if h in seen or self.store.find_program_by_hash(self.run_id, h) is not None:
+            self.counters["duplicates_skipped"] += 1
+            log.debug("proposal %r repeats a program already in the run; skipped", prop.name)
+            return
+        seen.add(h)
+        pid = self.store.add_proposal(run_id=self.run_id, parent_id=prop.parent_id, source=prop.source,
+                                      name=prop.name, rationale=prop.rationale, diff=prop.diff, code=prop.code,
+                                      tags=prop.tags, second_parent_id=prop.second_parent_id)
+        self._proposal_info[pid] = (generation, island)
+        self._emit("proposal", proposal_id=pid, name=prop.name, source=prop.source, parent_id=prop.parent_id,
+                   second_parent_id=prop.second_parent_id, tags=prop.tags, rationale=prop.rationale)
+        _, cell = cell_of(prop.code, self.config.backend, self.config.cell_features)
+        verdict = self.novelty.check(prop.code, cell, prop.source, self.population)
+        if not verdict.novel:
+            self.counters["novelty_rejected"] += 1
+            self.store.decide(pid, "rejected", by="novelty", note=verdict.reason())
+            self._emit("decision", proposal_id=pid, decision="rejected", by="novelty", note=verdict.reason())
+            return
+        self.gate.submit(pid, prop)
+
+    def _drain_gate(self) -> None:
+        from cuco_kit.store import code_hash
+
+        for d, prop in self.gate.drain():
+            if d.decision == "rejected":
+                self.store.decide(d.proposal_id, "rejected", by=d.by, note=d.note)
+                self._emit("decision", proposal_id=d.proposal_id, decision="rejected", by=d.by, note=d.note)
+                continue
+            code = d.code if d.decision == "edited" else prop.code
+            existing = self.store.find_program_by_hash(self.run_id, code_hash(code))
+            if existing is not None:
+                # Same code as a program we have (e.g. a kill between storing it and recording the decision).
+                program_id = existing["id"]
+                if self.population.get(program_id) is None:
+                    self.population.add_row(existing)
+                    self._ready.append(program_id)
+            else:
+                generation, island = self._proposal_info.get(d.proposal_id, (self._gen_done + 1, 0))
+                knobs, cell = cell_of(code, self.config.backend, self.config.cell_features)
+                tags = list(prop.tags) + (["edited"] if d.decision == "edited" else [])
+                program_id = self.store.add_program(
+                    run_id=self.run_id, code=code, parent_id=prop.parent_id, source=prop.source, name=prop.name,
+                    rationale=prop.rationale, tags=tags, knobs=knobs, cell=cell, island=island,
+                    generation=generation, second_parent_id=prop.second_parent_id)
+                self.population.add_row(self.store.program(program_id))
+                self._ready.append(program_id)
+            self.store.decide(d.proposal_id, d.decision, by=d.by, note=d.note,
+                              code=d.code if d.decision == "edited" else None, program_id=program_id)
+            self._emit("decision", proposal_id=d.proposal_id, decision=d.decision, by=d.by, note=d.note,
+                       program_id=program_id)
+
+    # ------------------------------------------------------------------------------------------- evaluation
+    def _request(self, p: ProgramView) -> EvalRequest:
+        cfg = self.config
+        parent = self.population.get(p.parent_id)
+        return EvalRequest(candidate_code=p.code, workload_dir=self.workload_dir, params=dict(cfg.params),
+                           world_size=cfg.world_size, backend=cfg.backend,
+                           parent_code=parent.code if parent is not None else None, iters=cfg.iters,
+                           seed=cfg.seed, label=f"program {p.id}: {p.name}")
+
+    def _evaluate_ready(self) -> None:
+        """Evaluate every ready program: up to ``slots`` at once, builds of the rest started ahead."""
+        if not self._ready:
+            return
+        todo = [self.population.programs[i] for i in self._ready]
+        self._ready = []
+        # The seed first and alone: every ratio is relative to it.
+        seeds = [p for p in todo if p.source == "seed"]
+        rest = [p for p in todo if p.source != "seed"]
+        for batch in ([seeds, rest] if seeds else [rest]):
+            self._evaluate(batch)
+
+    def _evaluate(self, programs: list[ProgramView]) -> None:
+        if not programs:
+            return
+        slots = self.executor.slots
+        requests = [self._request(p) for p in programs]
+        for r in requests[slots:]:
+            self.executor.prebuild(r)
+        queue = list(zip(programs, requests))
+        inflight: dict[cf.Future, tuple[ProgramView, int]] = {}
+        while queue or inflight:
+            if not inflight:
+                self._hold_if_paused()  # a pause also holds the rest of a round's batch
+            while queue and len(inflight) < slots and self._running.is_set() and not self._hard_stopping():
+                p, req = queue.pop(0)
+                inflight.update([self._submit(p, req)])
+            if not inflight:
+                break  # hard stop: what was not started stays unevaluated (it runs on resume)
+            done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
+            for fut in sorted(done, key=lambda f: inflight[f][1]):
+                p, eid = inflight.pop(fut)
+                self._commit(p, eid, fut)
+        # Programs not started because of a stop go back to the ready list (evaluated on resume).
+        self._ready.extend(p.id for p, _ in queue)
+
+    def _hard_stopping(self) -> bool:
+        return self._stop.is_set() or self.budget.hard_stop() is not None
+
+    def _submit(self, p: ProgramView, req: EvalRequest) -> tuple[cf.Future, tuple[ProgramView, int]]:
+        stored = req.__dict__.copy()
+        if p.id in self._rerun_of:
+            stored["rerun_of"] = self._rerun_of[p.id]
+        eid = self.store.start_evaluation(p.id, world_size=req.world_size, backend=req.backend, badge=self.badge,
+                                          request=stored)
+        if p.id in self._rerun_of:
+            self.counters["reruns"] += 1
+            self._log(f"re-running program {p.id} (evaluation(s) {self._rerun_of[p.id]} were interrupted) as "
+                      f"evaluation {eid}", "warning")
+        self._emit("evaluation_started", evaluation_id=eid, program_id=p.id, world_size=req.world_size,
+                   backend=req.backend, badge=self.badge, name=p.name, source=p.source)
+
+        def progress(d: dict) -> None:
+            data = {k: v for k, v in d.items() if k not in ("evaluation_id", "program_id")}
+            self._emit("evaluation_progress", evaluation_id=eid, program_id=p.id, **data)
+
+        return self.executor.submit(req, progress), (p, eid)
+
+    def _commit(self, p: ProgramView, eid: int, fut: cf.Future) -> None:
+        try:
+            result: EvalResult = fut.result()
+        except Exception as exc:  # noqa: BLE001 -- an evaluator bug is recorded as an error result
+            result = error_result(self._request(p), exc, self.badge)
+        d = result.to_dict()
+        self.store.finish_evaluation(eid, d)
+        self._rerun_of.pop(p.id, None)
+        p = self.population.set_result(p.id, d, eid)
+        if p.source == "seed":
+            # Fitness of anything scored before the seed's number was known is recomputed against it.
+            for q in self.population.all():
+                if q.result is not None and q.id != p.id:
+                    self.population.set_result(q.id, q.result, q.evaluation_id)
+        self.archive.update(p, self.population)
+        self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
+                   verdict=result.verdict, median_ms=result.median_ms if result.passed else None,
+                   speedup=result.speedup if result.passed else None, badge=result.badge, reason=result.reason,
+                   flagged=result.flagged)
+        if p.fitness is not None and p.source != "seed" and (self._best is None or p.fitness > self._best):
+            previous = self.population.best([q for q in self.population.scored() if q.id != p.id])
+            self._best = p.fitness
+            self._emit("new_best", program_id=p.id, median_ms=result.median_ms, speedup=p.fitness,
+                       evaluation_id=eid,
+                       previous_median_ms=(previous.result or {}).get("median_ms") if previous else None)
+
+    # ------------------------------------------------------------------------------------------- round end
+    def _close_rounds(self) -> None:
+        """After a resume: finish the bookkeeping of rounds whose programs exist but whose end was not saved."""
+        top = max((p.generation for p in self.population.all()), default=0)
+        for g in range(self._gen_done + 1, top + 1):
+            self._end_round(g)
+
+    def _end_round(self, generation: int) -> None:
+        cfg = self.config
+        if islands_mod.due(generation, cfg.islands):
+            moves = islands_mod.migrate(self.population, generation, cfg.islands)
+            self._migrations.extend(moves)
+            if moves:
+                self._log("migration after generation %d: %s" % (generation, ", ".join(
+                    f"program {m['program_id']} island {m['from']}->{m['to']}" for m in moves)))
+        best = self.population.best()
+        switched = self.phase.end_generation(generation, best.fitness if best else None)
+        if switched:
+            self._log(f"phase -> {self.phase.state.phase} after generation {generation} ({switched})")
+        if self.meta.due(generation):
+            self._meta_summary, method = self.meta.summarize(self.population, generation)
+            self.store.put_meta(self.run_id, "meta_summary", {"generation": generation, "method": method,
+                                                              "text": self._meta_summary})
+        self._gen_done = generation
+        self._save_state()
+
+    def _save_state(self) -> None:
+        # One row, written at once: a kill leaves either the previous round's state or this one's.
+        self.store.put_meta(self.run_id, "state", {
+            "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
+            "migrations": self._migrations, "meta_summary": self._meta_summary,
+            "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,
+            "llm_exhausted": self._llm_out, "archive": self.archive.cells()})
+
+    # ------------------------------------------------------------------------------------------- summary
+    def summary(self) -> SearchSummary:
+        best = self.population.best()
+        evs = self.store.evaluations(run_id=self.run_id) if self.run_id is not None else []
+        return SearchSummary(
+            run_id=self.run_id or 0, state=self.state, reason=self.reason, generations=self._gen_done,
+            programs=len(self.population), evaluations=len(evs), best_program_id=best.id if best else None,
+            best_speedup=best.fitness if best else None,
+            best_median_ms=(best.result or {}).get("median_ms") if best else None, badge=self.badge,
+            duplicates_skipped=self.counters["duplicates_skipped"],
+            novelty_rejected=self.counters["novelty_rejected"], reruns=self.counters["reruns"],
+            prebuilds=getattr(self.executor, "prebuilds", 0),
+            llm_dollars=self.store.llm_dollars(self.run_id) if self.run_id is not None else 0.0)

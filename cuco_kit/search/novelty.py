@@ -1,0 +1,134 @@
+"""The novelty filter: reject a proposal that is a near-copy of a recent program of the same design cell.
+
+Offline it compares normalised token n-grams (comments dropped, whitespace ignored, numeric literals kept:
+they are often the point of a change) with Jaccard similarity. Optionally, embeddings from an
+OpenAI-compatible endpoint (cuco_kit.llm.embeddings) replace the n-grams with cosine similarity.
+
+Design-space and human proposals are exempt by default: a knob move differs from its parent by design in one
+token (exact repeats are caught by the code hash instead), and a person's edit is never second-guessed.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from cuco_kit.search.population import Population
+
+log = logging.getLogger("cuco_kit.search")
+
+_COMMENT_RE = re.compile(r"//[^\n]*|/\*.*?\*/", re.DOTALL)
+_TOKEN_RE = re.compile(r"[A-Za-z_]\w*|\d+(?:\.\d+)?[fFuUlL]*|0[xX][0-9a-fA-F]+|<<<|>>>|->|::|&&|\|\||[^\s\w]")
+
+
+def tokens(code: str) -> list[str]:
+    """Source tokens with comments removed (markers are comments, so they do not count either)."""
+    return _TOKEN_RE.findall(_COMMENT_RE.sub(" ", code))
+
+
+def ngrams(code: str, n: int = 4) -> frozenset[tuple[str, ...]]:
+    toks = tokens(code)
+    if len(toks) < n:
+        return frozenset([tuple(toks)]) if toks else frozenset()
+    return frozenset(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
+
+
+def jaccard(a: frozenset, b: frozenset) -> float:
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+def cosine(u: Sequence[float], v: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(u, v))
+    nu = math.sqrt(sum(x * x for x in u))
+    nv = math.sqrt(sum(y * y for y in v))
+    return dot / (nu * nv) if nu and nv else 0.0
+
+
+@dataclass
+class NoveltyConfig:
+    enabled: bool = True
+    threshold: float = 0.97  # similarity at or above this is a near-duplicate
+    n: int = 4  # n-gram length
+    recent: int = 30  # compare with the last this many programs of the same cell
+    exempt_sources: list[str] = field(default_factory=lambda: ["design_space", "human"])
+    use_embeddings: bool = False
+    embedding_threshold: float = 0.995
+
+
+@dataclass
+class NoveltyVerdict:
+    novel: bool
+    similarity: float
+    nearest_id: int | None
+    method: str  # "ngram" | "embedding" | "exempt" | "empty"
+
+    def reason(self) -> str:
+        return (f"near-duplicate of program {self.nearest_id} ({self.method} similarity {self.similarity:.3f})"
+                if not self.novel else "")
+
+
+class NoveltyFilter:
+    """``check(code, cell, source, population)`` -> NoveltyVerdict. ``embed`` (texts -> vectors) is used when
+    the config asks for embeddings; any failure of it falls back to n-grams for that check."""
+
+    def __init__(self, config: NoveltyConfig | None = None,
+                 embed: Callable[[list[str]], list[list[float]]] | None = None) -> None:
+        self.config = config or NoveltyConfig()
+        self.embed = embed
+        self._grams: dict[int, frozenset] = {}
+        self._vectors: dict[int, list[float]] = {}
+
+    def _grams_of(self, pid: int, code: str) -> frozenset:
+        g = self._grams.get(pid)
+        if g is None:
+            g = self._grams[pid] = ngrams(code, self.config.n)
+        return g
+
+    def check(self, code: str, cell: str | None, source: str, population: Population) -> NoveltyVerdict:
+        cfg = self.config
+        if not cfg.enabled or source in cfg.exempt_sources:
+            return NoveltyVerdict(True, 0.0, None, "exempt")
+        peers = [p for p in population.evolvable() if p.cell == cell][-cfg.recent:]
+        if not peers:
+            return NoveltyVerdict(True, 0.0, None, "empty")
+        if cfg.use_embeddings and self.embed is not None:
+            try:
+                return self._check_embeddings(code, peers)
+            except Exception as exc:  # noqa: BLE001 -- the endpoint is optional; n-grams always work
+                log.warning("novelty: embeddings failed (%s); using token n-grams", exc)
+        mine = ngrams(code, cfg.n)
+        best_sim, best_id = -1.0, None
+        for p in peers:
+            sim = jaccard(mine, self._grams_of(p.id, p.code))
+            if sim > best_sim:
+                best_sim, best_id = sim, p.id
+        return NoveltyVerdict(best_sim < cfg.threshold, best_sim, best_id, "ngram")
+
+    def _check_embeddings(self, code: str, peers: list[Any]) -> NoveltyVerdict:
+        missing = [p for p in peers if p.id not in self._vectors]
+        texts = [code] + [p.code for p in missing]
+        vecs = self.embed(texts)  # type: ignore[misc]
+        for p, v in zip(missing, vecs[1:]):
+            self._vectors[p.id] = v
+        mine = vecs[0]
+        best_sim, best_id = -1.0, None
+        for p in peers:
+            sim = cosine(mine, self._vectors[p.id])
+            if sim > best_sim:
+                best_sim, best_id = sim, p.id
+        return NoveltyVerdict(best_sim < self.config.embedding_threshold, best_sim, best_id, "embedding")
+
+
+def openai_embedder(config: Any | None = None) -> Callable[[list[str]], list[list[float]]]:
+    """An ``embed`` function over the OpenAI-compatible endpoint of ``config`` (an LLMConfig)."""
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        from cuco_kit.llm.embeddings import embed as _embed
+
+        return _embed(texts, config)
+
+    return embed
