@@ -130,7 +130,7 @@ def test_generation_budget_and_wall_time_budget(workload: Path) -> None:
     eng2 = SearchEngine(workload, store2, SimulatedEvaluator(seed=1, delay_s=0.05), [DesignSpaceSource()], cfg)
     t = time.monotonic()
     eng2.run()
-    assert time.monotonic() - t < 5 and "wall-time" in eng2.reason
+    assert time.monotonic() - t < 30 and "wall-time" in eng2.reason  # 1000 generations would take far longer
     assert 0 < eng2.generation < 1000
     assert all(e["status"] == "done" for e in store2.evaluations(run_id=eng2.run_id))
 

@@ -1,0 +1,234 @@
+"""The harness's GPU check, in one call (scripts/gpu_check.sh runs it; tests/gpu/test_harness_gpu.py asserts on it).
+
+  1. builds the all-gather samples and the adversarial set (L1, cached);
+  2. evaluates device_lsa.cu at world 1 under nccl and at 2 and 4 ranks under symm, and the seeds;
+  3. evaluates every adversarial candidate (tests/data/adversarial, EXPECTED.json): each must be rejected at its
+     level with its reason and never scored (below its min_world the honest outcome is a pass);
+  4. measures per-candidate evaluation time with warm workers against a cold start;
+  5. checks for leaks: no rank process, no MPS daemon we started, GPU memory back where it was.
+Writes JSON to --out and benchmarks/harness/, prints a table last. Exit code 0 only when every check held.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
+from cuco_kit.evaluate.cascade import EvaluatorConfig, GpuEvaluator, detect_gpu  # noqa: E402
+from cuco_kit.evaluate.mps import mps_daemon_pids  # noqa: E402
+
+WL = ROOT / "sample_kernels" / "allgather"
+ADV = ROOT / "tests" / "data" / "adversarial"
+
+
+def gpu_memory_used() -> list[int]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return [int(x) for x in out.split()]
+    except Exception:
+        return []
+
+
+def compute_apps() -> list[str]:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout
+        return [line.strip() for line in out.splitlines() if line.strip()]
+    except Exception:
+        return []
+
+
+def worker_pids() -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if b"cuco_kit.evaluate.worker" in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def l0_available() -> bool:
+    try:
+        import tree_sitter  # noqa: F401
+        import tree_sitter_cuda  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def run_case(ev: GpuEvaluator, name: str, path: Path, backend: str, world: int, params: dict[str, int],
+             expect: dict[str, Any], iters: int, parent: Path | None = None) -> dict[str, Any]:
+    req = EvalRequest(candidate_code=path.read_text(), workload_dir=str(WL), params=params, world_size=world,
+                      backend=backend, iters=iters, parent_code=parent.read_text() if parent else None, label=name)
+    t0 = time.monotonic()
+    try:
+        res = ev.evaluate(req)
+        d = res.to_dict()
+    except Exception as exc:  # misuse or a harness bug: recorded, the run goes on
+        d = {"verdict": "error", "level_reached": "?", "reason": f"{type(exc).__name__}: {exc}", "median_ms": None,
+             "logs": {}, "provenance": {}}
+    d["wall_s"] = round(time.monotonic() - t0, 3)
+    ok, why = check(d, expect)
+    row = {"case": name, "backend": backend, "world": world, "expect": expect, "ok": ok, "why": why,
+           "verdict": d["verdict"], "level": d.get("level_reached"), "reason": (d.get("reason") or "")[:400],
+           "median_ms": d.get("median_ms"), "spread_ms": d.get("spread_ms"), "seed_median_ms": d.get("seed_median_ms"),
+           "speedup": d.get("speedup"), "flagged": d.get("flagged"), "max_rel_err": d.get("max_rel_err"),
+           "wall_s": d["wall_s"], "eval_seconds": d.get("provenance", {}).get("eval_seconds"),
+           "warm": d.get("provenance", {}).get("warm_workers"),
+           "worker_start_seconds": d.get("provenance", {}).get("worker_start_seconds"),
+           "notes": d.get("provenance", {}).get("notes", []), "provenance": d.get("provenance", {})}
+    if not ok:
+        row["logs"] = {k: v[-2500:] for k, v in (d.get("logs") or {}).items()}
+    print(f"[{'ok ' if ok else 'BAD'}] {name:28s} {backend}-{world}: {d['verdict']} {d.get('level_reached')} "
+          f"{(d.get('reason') or '')[:100]} {'' if ok else '<- ' + why}", flush=True)
+    return row
+
+
+def check(d: dict[str, Any], expect: dict[str, Any]) -> tuple[bool, str]:
+    if expect["verdict"] == "pass":
+        if d["verdict"] != "pass":
+            return False, f"expected pass, got {d['verdict']}: {d.get('reason')}"
+        if not d.get("median_ms") or d["median_ms"] <= 0:
+            return False, "passed without a time"
+        return True, ""
+    # rejection expected: never scored
+    if d["verdict"] == "pass" or d.get("median_ms") is not None or d.get("speedup") is not None:
+        return False, f"expected rejection ({expect.get('reason')}), but it was scored/passed"
+    if d["verdict"] != "fail":
+        return False, f"expected verdict fail, got {d['verdict']}: {d.get('reason')}"
+    want_level = expect.get("level")
+    if want_level == "L0" and not expect.get("l0_available", True):
+        return True, "L0 unavailable here (no tree-sitter); rejected later instead"
+    if want_level and d.get("level_reached") != want_level:
+        return False, f"expected level {want_level}, got {d.get('level_reached')}"
+    words = expect.get("reason")
+    if words and words.lower() not in (d.get("reason") or "").lower():
+        return False, f"reason lacks {words!r}"
+    return True, ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "harness" / "out"))
+    ap.add_argument("--n", type=int, default=1 << 22, help="N_PER_RANK (bf16 elements per rank)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new cases after this long")
+    ap.add_argument("--skip-adversarial", action="store_true")
+    args = ap.parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    gpus = detect_gpu()
+    if not gpus:
+        print("no GPU (nvidia-smi lists none): nothing to check here")
+        return 2
+    mem_before = gpu_memory_used()
+    mps_before = set(mps_daemon_pids())
+    has_l0 = l0_available()
+    params = {"N_PER_RANK": args.n}
+    cache = Path(tempfile.mkdtemp(prefix="cuco-gpucheck-cache-"))
+    cfg = EvaluatorConfig(cache_dir=cache, scratch_root=Path(tempfile.mkdtemp(prefix="cuco-gpucheck-")))
+    rows: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    ev = GpuEvaluator(cfg)
+    n_gpus = len(gpus)
+    worlds = [("nccl", 1), ("symm", 2), ("symm", 4)]
+    try:
+        # 1-2: the device-initiated baseline and the seeds
+        for backend, world in worlds:
+            rows.append(run_case(ev, "device_lsa.cu", WL / "device_lsa.cu", backend, world, params,
+                                 {"verdict": "pass"}, args.iters))
+            seed = WL / ("seed_nccl.cu" if backend == "nccl" else "seed_copy.cu")
+            rows.append(run_case(ev, seed.name, seed, backend, world, params, {"verdict": "pass"}, args.iters))
+        if n_gpus >= 2:
+            rows.append(run_case(ev, "device_lsa.cu", WL / "device_lsa.cu", "nccl", 2, params, {"verdict": "pass"},
+                                 args.iters))
+        # 4: warm per-candidate time (the build is cached by now)
+        warm = [run_case(ev, "device_lsa.cu (warm)", WL / "device_lsa.cu", "symm", 2, params, {"verdict": "pass"},
+                         args.iters) for _ in range(3)]
+        rows += warm
+        # 3: adversarial set
+        expected = json.loads((ADV / "EXPECTED.json").read_text())
+        if not args.skip_adversarial:
+            for fname, exp in expected.items():
+                if fname.startswith("_"):
+                    continue
+                for backend, world in (("nccl", 1), ("symm", 2)):
+                    if backend not in exp.get("backends", ["nccl", "symm"]):
+                        continue
+                    if time.monotonic() - t_start > args.budget_s:
+                        skipped.append(f"{fname} {backend}-{world}")
+                        continue
+                    honest = world < exp.get("min_world", 1)
+                    e = {"verdict": "pass"} if honest else {"verdict": "fail", "level": exp["level"],
+                                                             "reason": exp["reason_contains"], "l0_available": has_l0}
+                    parent = ROOT / exp["parent"] if exp.get("parent") else None
+                    rows.append(run_case(ev, fname, ADV / fname, backend, world, params, e, args.iters, parent))
+    finally:
+        ev.close()
+    # cold start: a fresh evaluator, one candidate
+    cold_row = None
+    if time.monotonic() - t_start < args.budget_s + 60:
+        ev2 = GpuEvaluator(EvaluatorConfig(cache_dir=cache, scratch_root=Path(tempfile.mkdtemp(prefix="cuco-cold-"))))
+        try:
+            cold_row = run_case(ev2, "device_lsa.cu (cold)", WL / "device_lsa.cu", "symm", 2, params,
+                                {"verdict": "pass"}, args.iters)
+            rows.append(cold_row)
+        finally:
+            ev2.close()
+    else:
+        skipped.append("cold start measurement")
+    # 5: leaks
+    time.sleep(2.0)
+    leaks = {"rank_processes": worker_pids(), "mps_daemons_we_left": sorted(set(mps_daemon_pids()) - mps_before),
+             "compute_apps": compute_apps(), "gpu_memory_before_mib": mem_before,
+             "gpu_memory_after_mib": gpu_memory_used()}
+    mem_ok = all(a - b <= 256 for a, b in zip(leaks["gpu_memory_after_mib"], mem_before))
+    leak_ok = not leaks["rank_processes"] and not leaks["mps_daemons_we_left"] and mem_ok
+    warm_s = [r["eval_seconds"] for r in warm if r.get("eval_seconds") is not None and r.get("warm")]
+    overhead = {"warm_eval_seconds": warm_s, "cold_eval_seconds": cold_row and cold_row.get("eval_seconds"),
+                "cold_worker_start_seconds": cold_row and cold_row.get("worker_start_seconds"),
+                "note": "per-candidate evaluation incl. the seed re-measured in the same run; builds cached"}
+    summary = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpus": gpus,
+               "l0_available": has_l0, "params": params, "iters": args.iters, "rows": rows, "skipped": skipped,
+               "overhead": overhead, "leaks": leaks, "leak_ok": leak_ok,
+               "all_ok": all(r["ok"] for r in rows) and leak_ok and not skipped,
+               "seconds": round(time.monotonic() - t_start, 1)}
+    text = json.dumps(summary, indent=1, default=str)
+    (out_dir / "harness_gpu_check.json").write_text(text)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    try:
+        (ROOT / "benchmarks" / "harness" / f"results-{stamp}.json").write_text(text)
+    except OSError:
+        pass
+    print("\n| case | backend-world | verdict | level | median ms | seed ms | speed-up | eval s | check |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        f = (lambda v, p=4: "-" if v is None else f"{v:.{p}f}")
+        print(f"| {r['case']} | {r['backend']}-{r['world']} | {r['verdict']} | {r['level']} | {f(r['median_ms'])} | "
+              f"{f(r['seed_median_ms'])} | {f(r['speedup'], 2)} | {f(r['eval_seconds'], 2)} | "
+              f"{'ok' if r['ok'] else 'BAD: ' + r['why'][:60]} |")
+    print(f"\nwarm per-candidate eval s: {warm_s}; cold: {overhead['cold_eval_seconds']} "
+          f"(worker start {overhead['cold_worker_start_seconds']} s)")
+    print(f"leaks: {'none' if leak_ok else json.dumps(leaks)}; skipped: {skipped or 'nothing'}; L0 here: {has_l0}")
+    print(f"ALL OK: {summary['all_ok']}  ({summary['seconds']} s)")
+    return 0 if summary["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

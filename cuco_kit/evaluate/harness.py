@@ -1,0 +1,692 @@
+"""The timing and verification protocol inside one rank (the body of a rank worker), plus the pure statistics
+the parent applies to what the ranks report.
+
+Per timed iteration, on every rank (ARCHITECTURE.md, "Timing and verification"):
+  fresh inputs (seeded per (trial, rank), never zeros) -> poison outputs (all-ones bytes: NaN in every float
+  dtype) -> flush L2 (write a 256 MB buffer) -> host barrier (gloo) -> device barrier kernel -> start event ->
+  cuco_step -> end event -> synchronise -> host barrier.
+Verified iterations (every L2 trial, the first timed iteration and about 1 in verify_every timed ones, chosen
+from the request seed) also: snapshot the outputs on ctx->stream right after the end event (what the step
+delivered by the time ctx->stream says it is done), and after every rank has finished compare the snapshot with
+the outputs again (a difference means work that was not joined to ctx->stream, or a missing wait on a peer)
+and with the workload's torch reference, computed on this GPU in float32 from every rank's inputs regenerated
+from the seeds. NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
+missing wait on a peer flag shows.
+
+The ranks agree after every iteration (a gloo all-reduce of a failure flag is the host barrier), so when one
+rank fails all stop together instead of waiting for each other.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from cuco_kit.evaluate import abi
+
+FLUSH_BYTES = 256 << 20  # >= 2x the 60 MB L2 of H100/H200
+HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
+CUDA_ERROR_CAPTURE_UNJOINED = 904
+CUDA_ERROR_CAPTURE_INVALIDATED = 901
+CUDA_ERROR_CAPTURE_UNSUPPORTED = 900
+
+TORCH_DTYPES = {"u8": torch.uint8, "i32": torch.int32, "i64": torch.int64, "f16": torch.float16,
+                "bf16": torch.bfloat16, "f32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn}
+
+
+# ------------------------------------------------------------------------------------------ pure statistics
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def iteration_stats(per_rank_ms: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """Combine per-rank timings of the same iterations: an iteration takes as long as its slowest rank.
+    Returns iteration_ms (max over ranks), median_ms and spread_ms (p90 - p10) of those, and every rank's
+    own median. Ranks must report the same number of iterations."""
+    if not per_rank_ms or not per_rank_ms[0]:
+        raise ValueError("iteration_stats: no timings")
+    n = len(per_rank_ms[0])
+    if any(len(r) != n for r in per_rank_ms):
+        raise ValueError(f"iteration_stats: ranks report different iteration counts {[len(r) for r in per_rank_ms]}")
+    arr = np.asarray(per_rank_ms, dtype=np.float64)
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError("iteration_stats: non-finite or negative time")
+    it = arr.max(axis=0)
+    return {"iteration_ms": [float(x) for x in it], "median_ms": float(np.median(it)),
+            "spread_ms": percentile(it, 90) - percentile(it, 10), "p10_ms": percentile(it, 10),
+            "p90_ms": percentile(it, 90), "per_rank_median_ms": [float(np.median(r)) for r in arr]}
+
+
+def verified_iterations(iters: int, verify_every: int, seed: int) -> list[int]:
+    """Timed iterations to verify: the first, plus each other with probability 1/verify_every (seeded, so all
+    ranks pick the same ones)."""
+    rng = random.Random(f"verify:{seed}")
+    every = max(1, int(verify_every))
+    return [i for i in range(iters) if i == 0 or rng.random() < 1.0 / every]
+
+
+def input_seed(seed: int, trial: int, rank: int) -> int:
+    """Seed of one rank's inputs in one trial; the same on every rank (so references need no gather)."""
+    return (int(seed) * 1_000_003 + int(trial) * 9_176_941 + int(rank) * 7919 + 17) % (2**63 - 1)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| over the first ref.numel() elements of out (uneven outputs: the valid prefix),
+    in float32; inf when out has any NaN/inf or is shorter than the reference."""
+    o = out.reshape(-1)
+    r = ref.reshape(-1).to(device=o.device)
+    if o.numel() < r.numel():
+        return math.inf
+    o = o[: r.numel()].float()
+    r = r.float()
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
+    num = float(torch.linalg.vector_norm(o - r))
+    den = float(torch.linalg.vector_norm(r))
+    return num / den if den > 0 else num
+
+
+# ------------------------------------------------------------------------------------------ helpers library
+
+class Helpers:
+    """ctypes view of libcuco_harness.so (runtime/harness_helpers.cu)."""
+
+    def __init__(self, path: str) -> None:
+        self.lib = ctypes.CDLL(path, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        vp, u64, i = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int
+        specs = {
+            "cuco_h_barrier": [vp, ctypes.c_size_t, i, i, u64, u64, vp, vp],
+            "cuco_h_spin": [u64, vp],
+            "cuco_h_fill_peer_table": [vp, vp, i, vp],
+            "cuco_h_capture": [vp, vp, vp, i, ctypes.POINTER(ctypes.c_int)],
+            "cuco_h_capture_status": [vp, ctypes.POINTER(ctypes.c_int)],
+        }
+        for name, args in specs.items():
+            fn = getattr(self.lib, name)
+            fn.argtypes = args
+            fn.restype = ctypes.c_int
+        self.lib.cuco_h_error_name.argtypes = [ctypes.c_int]
+        self.lib.cuco_h_error_name.restype = ctypes.c_char_p
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.lib, name)
+
+    def error_name(self, code: int) -> str:
+        raw = self.lib.cuco_h_error_name(int(code))
+        return f"{raw.decode() if raw else 'cudaError'}({code})"
+
+
+def build_helpers(cache_dir: str | Path, build_cfg: Any = None) -> Path:
+    """Build (or find cached) libcuco_harness.so with the same nvcc settings as candidates (build.py)."""
+    from cuco_kit.evaluate import build as build_mod
+
+    src = Path(__file__).resolve().parents[1] / "runtime" / "harness_helpers.cu"
+    res = build_mod.build(src.read_text(), "nccl", build_cfg, cache_dir)
+    if not res.ok or res.so_path is None:
+        raise RuntimeError(f"building the harness helpers failed:\n{res.log[-3000:]}")
+    return Path(res.so_path)
+
+
+class CandidateFailure(Exception):
+    """This candidate failed (verdict fail at `level`); ``fatal`` = the process must not serve another one."""
+
+    def __init__(self, level: str, reason: str, fatal: bool = False) -> None:
+        super().__init__(reason)
+        self.level, self.reason, self.fatal = level, reason, fatal
+
+
+def _is_fatal_cuda(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(s in text for s in ("CUDA error", "cudaError", "illegal memory access", "an illegal instruction",
+                                   "unspecified launch failure", "CUBLAS_STATUS", "device-side assert"))
+
+
+# ------------------------------------------------------------------------------------------------ the body
+
+class RankHarness:
+    """Made once per worker process: device, gloo group, backend (communicator + windows), flag region,
+    cuBLAS handle, harness stream, L2 flush buffer. ``handle({"op": "eval", ...})`` measures one candidate."""
+
+    def __init__(self, rank: int, world: int, config: dict[str, Any], chan: Any) -> None:
+        import torch.distributed as dist
+
+        from cuco_kit.evaluate.backends import NcclBackend, SymmBackend
+        from cuco_kit.workload import load_workload
+
+        self.rank, self.world, self.cfg, self.chan = rank, world, config, chan
+        self.backend_name = config.get("backend", "nccl")
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        self.device = local_rank if self.backend_name == "nccl" else int(config.get("device", 0))
+        torch.cuda.set_device(self.device)
+        self.dev = torch.device(f"cuda:{self.device}")
+        self.workload = load_workload(config["workload_dir"])
+        self.params = self.workload.resolve(config.get("params") or {})
+        self.flag_words = int(config.get("flag_words", 65536))
+        self.scratch_dir = Path(os.getcwd())
+        # gloo over the parent's store: host barriers/agreement on the hot path and the symm rendezvous
+        from torch.distributed import PrefixStore
+
+        dist.init_process_group("gloo", store=PrefixStore("gloo", chan.store), rank=rank, world_size=world)
+        self.dist = dist
+        self.stream = torch.cuda.Stream(device=self.dev)
+        self.helpers = Helpers(config["helpers_so"])
+        if self.backend_name == "nccl":
+            self.backend = NcclBackend(rank, world, self.device, chan, self.helpers, self.stream,
+                                       init_timeout_s=float(config.get("init_timeout_s", 120)),
+                                       header_version=config.get("nccl_header_version"))
+        elif self.backend_name == "symm":
+            self.backend = SymmBackend(rank, world, self.device, chan, dist.group.WORLD)
+        else:
+            raise ValueError(f"unknown backend {self.backend_name!r}")
+        # windows for every workload tensor, in workload order, then the flag region
+        self.windows = {}
+        for spec in self.workload.tensors:
+            self.windows[spec.name] = self.backend.alloc_window(spec.name,
+                                                                spec.capacity_bytes(self.params, world))
+        self.flags = self.backend.alloc_window("flags", (self.flag_words + HARNESS_WORDS) * 8)
+        self.flags.tensor.zero_()
+        self.scratch_pool: list[Any] = []
+        # cuBLAS: one warm matmul loads libcublas and makes torch's handle for this device
+        a = torch.randn(64, 64, device=self.dev)
+        torch.matmul(a, a)
+        self.cublas = int(torch.cuda.current_blas_handle())
+        self.flush = torch.empty(int(config.get("flush_bytes", FLUSH_BYTES)), dtype=torch.uint8, device=self.dev)
+        self.timed_out = torch.zeros(4, dtype=torch.int32).pin_memory()
+        self.harness_epoch = 0
+        self.sm_count = torch.cuda.get_device_properties(self.dev).multi_processor_count
+        torch.cuda.synchronize(self.dev)
+        self._host_agree(False)
+
+    def info(self) -> dict[str, Any]:
+        props = torch.cuda.get_device_properties(self.dev)
+        out = {"rank": self.rank, "device": self.device, "gpu": props.name, "sm_count": props.multi_processor_count,
+               "torch": torch.__version__, "cuda": torch.version.cuda, "pid": os.getpid(),
+               "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
+               "mps_thread_percentage": os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")}
+        out.update(self.backend.info())
+        return out
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.dev)
+        for w in self.scratch_pool:
+            self.backend.free_window(w)
+        self.scratch_pool.clear()
+        self.backend.close()
+        self.dist.destroy_process_group()
+
+    # ---------------------------------------------------------------------------------------- collectives
+    def _host_agree(self, failed: bool) -> bool:
+        """Host barrier that also tells whether any rank failed (gloo all-reduce of a flag)."""
+        t = torch.tensor([1 if failed else 0], dtype=torch.int32)
+        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _progress(self, level: str, step: str, done: int, total: int, limit_s: float) -> None:
+        self.chan.progress({"level": level, "step": step, "done": done, "total": total}, limit_s=limit_s)
+
+    # -------------------------------------------------------------------------------------------- command
+    def handle(self, cmd: dict[str, Any], index: int) -> dict[str, Any]:
+        op = cmd.get("op")
+        if op == "ping":
+            return {"ok": True}
+        if op != "eval":
+            return {"ok": False, "verdict": "error", "reason": f"unknown op {op!r}"}
+        return _Evaluation(self, cmd).run()
+
+
+class _Evaluation:
+    """One candidate on one rank: load, set up, capture check, L2 trials, L3 timing, teardown."""
+
+    def __init__(self, h: RankHarness, cmd: dict[str, Any]) -> None:
+        self.h = h
+        self.cmd = cmd
+        self.seed = int(cmd.get("seed", 0))
+        self.step_limit_s = float(cmd.get("step_limit_s", 10.0))
+        self.setup_limit_s = float(cmd.get("setup_limit_s", 60.0))
+        self.notes: list[str] = []
+        self.lib: Any = None
+        self.ctx = abi.new_ctx()
+        self.loaded_copy: Path | None = None
+        self.recycle = False  # a non-fatal event after which this process should not serve more candidates
+        self.max_err = 0.0
+
+    # ---------------------------------------------------------------------------------------------- main
+    def run(self) -> dict[str, Any]:
+        h = self.h
+        reply: dict[str, Any] = {"ok": False, "rank": h.rank, "role": self.cmd.get("role", "candidate")}
+        setup_ok = False
+        try:
+            self._load()
+            self._setup()
+            setup_ok = True
+            self._capture_check()
+            self._verify_trials()
+            times = self._timed()
+            reply.update(ok=True, verdict="pass", level="L3", times_ms=times)
+        except CandidateFailure as f:
+            reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
+        except Exception as exc:  # a harness-side error; CUDA errors poison the context
+            fatal = _is_fatal_cuda(exc)
+            reply.update(verdict="fail" if fatal else "error", level="L2",
+                         reason=f"rank {h.rank}: {type(exc).__name__}: {str(exc)[:1500]}", fatal=True)
+        finally:
+            if setup_ok and not reply.get("fatal"):
+                try:
+                    self._teardown(reply)
+                except Exception as exc:
+                    reply.update(fatal=True, notes_teardown=str(exc)[:500])
+            self._unload()
+        reply["max_rel_err"] = self.max_err if math.isfinite(self.max_err) else None
+        reply["notes"] = self.notes
+        if self.recycle:
+            reply["recycle"] = True
+        new_files = self._new_files()
+        if new_files and reply.get("verdict") == "pass":
+            reply.update(ok=False, verdict="fail", level="L2",
+                         reason=f"rank {h.rank} wrote files in its working directory: {', '.join(new_files[:5])}")
+        return reply
+
+    # ------------------------------------------------------------------------------------------ loading
+    def _load(self) -> None:
+        h = self.h
+        so = Path(self.cmd["so_path"])
+        # a private copy per load: dlopen of the same path would return the old handle and its static state
+        self.loaded_copy = Path(h.cfg.get("load_dir") or "/tmp") / f"cand-{os.getpid()}-{time.monotonic_ns()}.so"
+        shutil.copyfile(so, self.loaded_copy)
+        self._before = set(os.listdir(h.scratch_dir))
+        problem = ""
+        try:
+            self.lib = ctypes.CDLL(str(self.loaded_copy), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+            for sym in ("cuco_setup", "cuco_step", "cuco_teardown"):
+                if not hasattr(self.lib, sym):
+                    problem = f"the shared library exports no {sym} (extern \"C\" CUCO_EXPORT?)"
+                    break
+                fn = getattr(self.lib, sym)
+                fn.argtypes = [ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+        except OSError as exc:
+            problem = f"dlopen failed: {exc}"
+        if h._host_agree(bool(problem)):
+            raise CandidateFailure("L2", problem or "loading the candidate failed on a peer")
+        self._fill_ctx()
+        self._scratch()
+        h.flags.tensor[: h.flag_words * 8].zero_()
+        torch.cuda.synchronize(h.dev)
+
+    def _fill_ctx(self) -> None:
+        h, ctx = self.h, self.ctx
+        ctx.rank, ctx.world_size = h.rank, h.world
+        ctx.local_rank = int(os.environ.get("LOCAL_RANK", h.rank))
+        ctx.backend = abi.BACKENDS[h.backend_name]
+        ctx.device, ctx.sm_count = h.device, h.sm_count
+        ctx.nccl_comm = h.backend.comm_ptr or None
+        ctx.stream = h.stream.cuda_stream
+        ctx.cublas = h.cublas
+        params = list(h.params.items())
+        if len(params) > abi.CUCO_MAX_PARAMS:
+            raise CandidateFailure("L2", f"workload has {len(params)} parameters > CUCO_MAX_PARAMS")
+        ctx.n_params = len(params)
+        for i, (k, v) in enumerate(params):
+            abi.set_name(ctx, "param_names", k, i)
+            ctx.params[i] = int(v)
+        specs = h.workload.tensors
+        ctx.n_tensors = len(specs)
+        for i, spec in enumerate(specs):
+            w = h.windows[spec.name]
+            t = ctx.tensors[i]
+            dims = spec.dims(h.params, h.world)
+            abi.set_name(t, "name", spec.name)
+            t.role = abi.ROLES[spec.role]
+            t.dtype = abi_dtype(spec.dtype)
+            t.ndim = len(dims)
+            for j, d in enumerate(dims[:4]):
+                t.shape[j] = d
+            self._fill_tensor(t, w, spec.capacity_bytes(h.params, h.world))
+            vb = spec.valid_bytes(h.params, h.world, h.rank) if spec.valid_bytes else t.capacity_bytes
+            t.valid_bytes = int(vb)
+        f = ctx.flags
+        f.local = h.flags.local
+        f.peers = h.flags.peers.data_ptr()
+        f.peers_host = ctypes.cast(h.flags.peers_host_arr, ctypes.c_void_p).value
+        f.count = h.flag_words
+        f.window = h.flags.window
+        ctx.epoch = 0
+
+    def _fill_tensor(self, t: abi.CucoTensor, w: Any, capacity: int) -> None:
+        t.local = w.local
+        t.peers = w.peers.data_ptr()
+        t.peers_host = ctypes.cast(w.peers_host_arr, ctypes.c_void_p).value
+        t.capacity_bytes = capacity
+        t.valid_bytes = capacity
+        t.window = w.window
+
+    def _scratch(self) -> None:
+        """cuco_declare_scratch (optional), checked equal on all ranks, served from the worker's pool."""
+        h, ctx = self.h, self.ctx
+        reqs: list[tuple[str, int]] = []
+        problem = ""
+        if hasattr(self.lib, "cuco_declare_scratch"):
+            fn = self.lib.cuco_declare_scratch
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+            fn.restype = ctypes.c_int
+            arr = (abi.CucoScratchRequest * abi.CUCO_MAX_SCRATCH)()
+            n = fn(ctypes.byref(ctx), ctypes.byref(arr), abi.CUCO_MAX_SCRATCH)
+            limit = int(h.cfg.get("max_scratch_bytes", 8 << 30))
+            if n < 0 or n > abi.CUCO_MAX_SCRATCH:
+                problem = f"cuco_declare_scratch returned {n} (allowed 0..{abi.CUCO_MAX_SCRATCH})"
+            else:
+                for i in range(n):
+                    name = arr[i].name.decode(errors="replace")
+                    size = int(arr[i].bytes)
+                    if size <= 0 or size > limit:
+                        problem = f"scratch {name!r}: {size} bytes (allowed 1..{limit})"
+                    reqs.append((name, size))
+        everyone = h.chan.all_gather("scratch", {"reqs": reqs, "problem": problem})
+        bad = [f"rank {r}: {e['problem']}" for r, e in enumerate(everyone) if e["problem"]]
+        if bad:
+            raise CandidateFailure("L2", "; ".join(bad))
+        if any(e["reqs"] != everyone[0]["reqs"] for e in everyone):
+            raise CandidateFailure("L2", "cuco_declare_scratch differs across ranks (scratch windows are "
+                                         "collective: declare the same list everywhere)")
+        for i, (name, size) in enumerate(reqs):
+            if i < len(h.scratch_pool) and h.scratch_pool[i].alloc_bytes >= size:
+                w = h.scratch_pool[i]
+            else:
+                if i < len(h.scratch_pool):
+                    h.backend.free_window(h.scratch_pool[i])
+                w = h.backend.alloc_window(f"scratch{i}", size)
+                if i < len(h.scratch_pool):
+                    h.scratch_pool[i] = w
+                else:
+                    h.scratch_pool.append(w)
+            w.tensor.zero_()
+            t = ctx.scratch[i]
+            abi.set_name(t, "name", name[: abi.CUCO_NAME_LEN - 1])
+            t.role, t.dtype, t.ndim = abi.ROLES["inout"], abi_dtype("u8"), 1
+            t.shape[0] = size
+            self._fill_tensor(t, w, size)
+        ctx.n_scratch = len(reqs)
+
+    def _setup(self) -> None:
+        h = self.h
+        h._progress("L2", "setup", 0, 1, self.setup_limit_s)
+        h._host_agree(False)
+        rc = int(self.lib.cuco_setup(ctypes.byref(self.ctx)))
+        torch.cuda.synchronize(h.dev)  # raises on a sticky fault
+        failed = rc != 0
+        if failed:
+            h.chan.note_failure(f"cuco_setup returned {abi.ERROR_NAMES.get(rc, rc)}")
+        if h._host_agree(failed):
+            why = f"cuco_setup returned {abi.ERROR_NAMES.get(rc, rc)}" if failed else "cuco_setup failed on a peer"
+            # setup may have made collective state on some ranks only: this world is not reused
+            raise CandidateFailure("L2", f"rank {h.rank}: {why}", fatal=True)
+
+    def _teardown(self, reply: dict[str, Any]) -> None:
+        h = self.h
+        h._progress(reply.get("level", "L2"), "teardown", 0, 1, self.setup_limit_s)
+        torch.cuda.synchronize(h.dev)
+        h._host_agree(False)
+        rc = int(self.lib.cuco_teardown(ctypes.byref(self.ctx)))
+        torch.cuda.synchronize(h.dev)
+        if h._host_agree(rc != 0):
+            self.notes.append(f"cuco_teardown returned {abi.ERROR_NAMES.get(rc, rc)} on rank {h.rank} or a peer")
+            self.recycle = True
+
+    def _unload(self) -> None:
+        if self.lib is not None:
+            try:
+                import _ctypes
+
+                _ctypes.dlclose(self.lib._handle)
+            except Exception:
+                pass
+            self.lib = None
+        if self.loaded_copy is not None:
+            try:
+                self.loaded_copy.unlink()
+            except OSError:
+                pass
+
+    def _new_files(self) -> list[str]:
+        try:
+            return sorted(set(os.listdir(self.h.scratch_dir)) - self._before)
+        except (OSError, AttributeError):
+            return []
+
+    # ------------------------------------------------------------------------------------------- inputs
+    def _make_inputs(self, trial: int, rank: int) -> dict[str, torch.Tensor]:
+        h = self.h
+        g = torch.Generator(device=h.dev)
+        g.manual_seed(input_seed(self.seed, trial, rank))
+        specs = [s for s in h.workload.tensors if s.role in ("input", "inout")]
+        if h.workload.make_inputs is not None:
+            made = dict(h.workload.make_inputs(h.params, h.world, rank, g))
+            out = {}
+            for s in specs:
+                if s.name not in made:
+                    raise RuntimeError(f"workload.make_inputs gave no {s.name!r}")
+                out[s.name] = made[s.name].to(device=h.dev, dtype=TORCH_DTYPES[s.dtype])
+            return out
+        out = {}
+        for s in specs:
+            shape = s.dims(h.params, h.world)
+            dt = TORCH_DTYPES[s.dtype]
+            if dt.is_floating_point:
+                x = torch.randn(shape, generator=g, device=h.dev, dtype=torch.float32) * s.scale
+                x = torch.where(x == 0, torch.full_like(x, s.scale), x)  # never exact zeros
+                out[s.name] = x.to(dt)
+            else:
+                out[s.name] = torch.randint(1, 127, shape, generator=g, device=h.dev, dtype=torch.int64).to(dt)
+        return out
+
+    def _view(self, name: str) -> torch.Tensor:
+        h = self.h
+        spec = next(s for s in h.workload.tensors if s.name == name)
+        n = spec.capacity_bytes(h.params, h.world)
+        return h.windows[name].tensor[:n].view(TORCH_DTYPES[spec.dtype]).view(spec.dims(h.params, h.world))
+
+    def _outputs(self) -> list[str]:
+        return [s.name for s in self.h.workload.tensors if s.role in ("output", "inout")]
+
+    def _prepare(self, trial: int) -> dict[str, torch.Tensor]:
+        """Fresh inputs, poisoned outputs, flushed L2, all on the harness stream, finished before returning."""
+        h = self.h
+        with torch.cuda.stream(h.stream):
+            inputs = self._make_inputs(trial, h.rank)
+            for name, x in inputs.items():
+                self._view(name).copy_(x.reshape(self._view(name).shape))
+            for s in h.workload.tensors:
+                if s.role == "output":
+                    n = s.capacity_bytes(h.params, h.world)
+                    h.windows[s.name].tensor[:n].fill_(0xFF)  # all-ones: NaN in f32/f16/bf16/fp8, -1 in ints
+            h.flush.fill_(trial & 0xFF)
+        h.stream.synchronize()
+        return inputs
+
+    # -------------------------------------------------------------------------------------------- a step
+    def _device_barrier(self) -> None:
+        h = self.h
+        h.harness_epoch += 1
+        h.timed_out.zero_()
+        rc = h.helpers.cuco_h_barrier(ctypes.c_void_p(h.flags.peers.data_ptr()), h.flag_words, h.rank, h.world,
+                                      h.harness_epoch, int(max(self.step_limit_s, 2.0) * 1e9),
+                                      ctypes.c_void_p(h.timed_out.data_ptr()), ctypes.c_void_p(h.stream.cuda_stream))
+        if rc != 0:
+            raise RuntimeError(f"device barrier launch failed: {h.helpers.error_name(rc)}")
+
+    def _wait_event(self, ev: torch.cuda.Event, what: str, limit_s: float) -> None:
+        """Wait for an event with a watchdog; a step past its limit is a hang and ends this process."""
+        deadline = time.monotonic() + limit_s
+        sleep = 5e-5
+        while not ev.query():
+            if time.monotonic() > deadline:
+                self.h.chan.note_failure(f"{what} did not finish within {limit_s:.2f} s")
+                raise CandidateFailure("L2" if "trial" in what or "capture" in what else "L3",
+                                       f"timeout: rank {self.h.rank}: {what} did not finish within {limit_s:.2f} s "
+                                       f"(watchdog: the step hangs)", fatal=True)
+            time.sleep(sleep)
+            sleep = min(sleep * 2, 2e-3)
+
+    def _step(self, trial: int, what: str, level: str, *, verify: bool, jitter_ns: int = 0,
+              capture: bool = False) -> float:
+        """One protocol iteration; returns this rank's step time in ms. Raises CandidateFailure (all ranks do,
+        after agreeing) when any rank failed."""
+        h = self.h
+        inputs = self._prepare(trial)
+        if h._host_agree(False):
+            raise CandidateFailure(level, "a peer failed before the step")
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        self._device_barrier()
+        if jitter_ns:
+            rc = h.helpers.cuco_h_spin(int(jitter_ns), ctypes.c_void_p(h.stream.cuda_stream))
+            if rc != 0:
+                raise RuntimeError(f"jitter launch failed: {h.helpers.error_name(rc)}")
+        start.record(h.stream)
+        self.ctx.epoch += 1
+        failure = ""
+        if capture:
+            failure = self._captured_step()
+        else:
+            rc = int(self.lib.cuco_step(ctypes.byref(self.ctx)))
+            if rc != 0:
+                failure = f"cuco_step returned {abi.ERROR_NAMES.get(rc, rc)}"
+        end.record(h.stream)
+        snap: dict[str, torch.Tensor] = {}
+        if verify:
+            with torch.cuda.stream(h.stream):
+                snap = {n: self._view(n).clone() for n in self._outputs()}
+        if failure:
+            h.chan.note_failure(failure)
+        self._wait_event(end, what, self.step_limit_s)
+        h.stream.synchronize()
+        if int(h.timed_out[0]) != 0:
+            failure = failure or (f"timeout: the device barrier waited in vain for rank "
+                                  f"{int(h.timed_out[0]) - 1} (it never arrived: a hang or a crash there)")
+        ms = float(start.elapsed_time(end))
+        if h._host_agree(bool(failure)):
+            raise CandidateFailure(level, f"rank {h.rank}: {failure}" if failure else "a peer failed in "
+                                   f"{what}", fatal=bool(failure and "device barrier" in failure))
+        if verify:
+            failure = self._verify(trial, inputs, snap, what)
+            if h._host_agree(bool(failure)):
+                raise CandidateFailure(level, failure or f"verification failed on a peer in {what}")
+        return ms
+
+    def _captured_step(self) -> str:
+        """The one-time stream-capture pass; returns a failure reason or ''."""
+        h = self.h
+        out = (ctypes.c_int * 6)()
+        step_ptr = ctypes.cast(self.lib.cuco_step, ctypes.c_void_p)
+        rc = h.helpers.cuco_h_capture(step_ptr, ctypes.byref(self.ctx), ctypes.c_void_p(h.stream.cuda_stream), 1, out)
+        step_rc, begin, endc, inst, launch, last = list(out)
+        name = h.helpers.error_name
+        if rc != 0 or begin != 0:
+            self.notes.append(f"stream capture check not run: cudaStreamBeginCapture -> {name(begin or rc)}")
+            return self._eager_after_capture()
+        if endc == CUDA_ERROR_CAPTURE_UNJOINED:
+            self.recycle = True
+            return ("stream capture: work forked off ctx->stream never rejoins it (cudaStreamEndCapture -> "
+                    "cudaErrorStreamCaptureUnjoined); join every side stream back before cuco_step returns")
+        if endc != 0:
+            self.notes.append(f"stream capture check inconclusive: the step cannot be captured ({name(endc)}; "
+                              f"e.g. it synchronises a stream inside cuco_step); forked work is checked by the "
+                              f"output snapshots only")
+            self.recycle = True
+            return self._eager_after_capture()
+        if step_rc != 0:
+            return f"cuco_step returned {abi.ERROR_NAMES.get(step_rc, step_rc)} (under stream capture)"
+        if inst != 0 or launch != 0:
+            self.notes.append(f"stream capture check passed, but the graph did not instantiate/launch "
+                              f"({name(inst or launch)}); ran the step eagerly instead")
+            return self._eager_after_capture()
+        self.notes.append("stream capture check passed: all work joined ctx->stream")
+        return ""
+
+    def _eager_after_capture(self) -> str:
+        self.ctx.epoch += 1  # a fresh epoch: anything the aborted capture half-did can't satisfy a wait
+        rc = int(self.lib.cuco_step(ctypes.byref(self.ctx)))
+        return f"cuco_step returned {abi.ERROR_NAMES.get(rc, rc)}" if rc != 0 else ""
+
+    def _verify(self, trial: int, inputs: dict[str, torch.Tensor], snap: dict[str, torch.Tensor], what: str) -> str:
+        h = self.h
+        torch.cuda.synchronize(h.dev)  # device-wide: anything the candidate left running on other streams
+        h._host_agree(False)  # every rank's step (and its stores into our windows) is over
+        torch.cuda.synchronize(h.dev)
+        for name, s in snap.items():
+            now = self._view(name)
+            # bytes, not values: NaN != NaN, and an untouched poison must compare equal to itself
+            if not torch.equal(now.reshape(-1).view(torch.uint8), s.reshape(-1).view(torch.uint8)):
+                return (f"verification failed: rank {h.rank}: output {name!r} changed after ctx->stream "
+                        f"finished the step ({what}): a missing wait on a peer, or work not joined to ctx->stream")
+        all_inputs = []
+        for r in range(h.world):
+            x = inputs if r == h.rank else self._make_inputs(trial, r)
+            all_inputs.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in x.items()})
+        with torch.no_grad():
+            refs = h.workload.reference(all_inputs, h.params, h.world)
+        ref = refs[h.rank]
+        for name, s in snap.items():
+            if name not in ref:
+                return f"workload reference gave no output {name!r} for rank {h.rank}"
+            err = rel_error(s, ref[name].to(h.dev))
+            self.max_err = max(self.max_err, err)
+            if not h.workload.tolerance.passes(err):
+                n_nan = int((~torch.isfinite(s.float())).sum()) if s.dtype.is_floating_point else 0
+                detail = f"{n_nan} non-finite values (poison left: not written)" if n_nan else f"rel err {err:.3g}"
+                return (f"verification failed: rank {h.rank}: output {name!r} wrong in {what}: {detail} "
+                        f"(tolerance {h.workload.tolerance.rel:g})")
+        return ""
+
+    # ------------------------------------------------------------------------------------------ the levels
+    def _capture_check(self) -> None:
+        if self.cmd.get("capture", True):
+            self.h._progress("L2", "capture", 0, 1, self.step_limit_s + 10)
+            self._step(trial=10_000, what="capture pass", level="L2", verify=False, capture=True)
+
+    def _verify_trials(self) -> None:
+        trials = int(self.cmd.get("trials", 3))
+        jitter_max_ns = int(float(self.cmd.get("jitter_us", 200.0)) * 1000)
+        rng = random.Random(f"jitter:{self.seed}:{self.h.rank}")
+        for t in range(trials):
+            self.h._progress("L2", "verify", t, trials, self.step_limit_s + 10)
+            jitter = rng.randrange(0, jitter_max_ns + 1) if jitter_max_ns and self.h.world > 1 else 0
+            self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True,
+                       jitter_ns=jitter)
+        self.h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
+
+    def _timed(self) -> list[float]:
+        warmup = int(self.cmd.get("warmup", 3))
+        iters = int(self.cmd.get("iters", 20))
+        check = set(verified_iterations(iters, int(self.cmd.get("verify_every", 3)), self.seed))
+        for i in range(warmup):
+            self.h._progress("L3", "warmup", i, warmup, self.step_limit_s + 10)
+            self._step(trial=1000 + i, what=f"warm-up {i + 1}/{warmup}", level="L3", verify=False)
+        times = []
+        for i in range(iters):
+            self.h._progress("L3", "timed", i, iters, self.step_limit_s + 10)
+            times.append(self._step(trial=2000 + i, what=f"timed iteration {i + 1}/{iters}", level="L3",
+                                    verify=i in check))
+        self.h._progress("L3", "timed", iters, iters, self.step_limit_s + 10)
+        return times
+
+
+def abi_dtype(name: str) -> int:
+    from cuco_kit.workload import DTYPES
+
+    return DTYPES[name][0]
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, default=str)

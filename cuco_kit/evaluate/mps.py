@@ -1,0 +1,197 @@
+"""The CUDA MPS daemon for the `symm` backend: ranks sharing one GPU run concurrently under MPS (time-sliced
+without it, which makes a spinning rank wait for the others' time slices).
+
+Rules:
+  - use a daemon that already answers (the default pipe directory) and never stop it;
+  - otherwise start ``nvidia-cuda-mps-control -d`` with a PRIVATE pipe/log directory, which only our rank
+    processes see (the parent's own environment is untouched), and stop it (``echo quit | ...``) when done;
+  - each rank gets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (default round(100 / world), at least 1: every rank can be
+    resident at once, so a rank spinning on a peer's flag never starves the peer of SMs);
+  - after a fatal fault: the caller reaps all ranks, then ``recover()`` opens a canary context in a child and
+    restarts the daemon we started when the canary fails;
+  - if MPS cannot be started, ranks run time-sliced and provenance says mps=false.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTROL = "nvidia-cuda-mps-control"
+DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
+CANARY = "import torch; x = torch.ones(1, device='cuda'); torch.cuda.synchronize(); print(float(x.sum()))"
+
+
+def default_thread_percentage(world: int) -> int:
+    return max(1, min(100, round(100 / max(1, world))))
+
+
+def _control(cmd: str, env: dict[str, str], timeout_s: float = 10.0) -> tuple[int, str]:
+    exe = shutil.which(CONTROL)
+    if exe is None:
+        return 127, f"{CONTROL} not found on PATH"
+    try:
+        p = subprocess.run([exe], input=cmd + "\n", capture_output=True, text=True, env=env, timeout=timeout_s)
+        return p.returncode, (p.stdout + p.stderr).strip()
+    except subprocess.TimeoutExpired:
+        return 124, f"{CONTROL} did not answer {cmd!r} within {timeout_s:.0f} s"
+    except OSError as exc:
+        return 126, str(exc)
+
+
+def _env_with(pipe_dir: str | None, log_dir: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if pipe_dir:
+        env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
+    if log_dir:
+        env["CUDA_MPS_LOG_DIRECTORY"] = log_dir
+    return env
+
+
+def daemon_answers(pipe_dir: str | None = None) -> bool:
+    """True when an MPS control daemon answers on ``pipe_dir`` (default: the system pipe directory)."""
+    if pipe_dir is None and not Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", DEFAULT_PIPE_DIR)).exists():
+        return False
+    if pipe_dir is not None and not Path(pipe_dir, "control").exists():
+        return False
+    rc, _ = _control("get_server_list", _env_with(pipe_dir, None), timeout_s=5)
+    return rc == 0
+
+
+@dataclass
+class MpsState:
+    active: bool  # ranks run under MPS
+    started_by_us: bool
+    pipe_dir: str | None = None  # private directory when we started the daemon; None = default/system
+    log_dir: str | None = None
+    note: str = ""
+    thread_percentage: dict[int, int] = field(default_factory=dict)
+
+    def rank_env(self, rank: int, world: int, percentage: int | None = None) -> dict[str, str]:
+        """Variables for one rank process (never set in the parent)."""
+        if not self.active:
+            return {}
+        env: dict[str, str] = {}
+        if self.pipe_dir:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = self.pipe_dir
+        if self.log_dir:
+            env["CUDA_MPS_LOG_DIRECTORY"] = self.log_dir
+        pct = percentage if percentage is not None else default_thread_percentage(world)
+        self.thread_percentage[rank] = pct
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pct)
+        return env
+
+
+class MpsDaemon:
+    """Start (if needed), check, recover and stop the MPS daemon for our rank processes."""
+
+    def __init__(self, root: str | Path | None = None, python: str = sys.executable,
+                 canary_timeout_s: float = 90.0) -> None:
+        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="cuco-mps-"))
+        self.python = python
+        self.canary_timeout_s = canary_timeout_s
+        self.state = MpsState(False, False, note="not started")
+
+    def ensure(self) -> MpsState:
+        if self.state.active:
+            return self.state
+        if daemon_answers(None):
+            self.state = MpsState(True, False, note="using the MPS daemon that was already running")
+            return self.state
+        if shutil.which(CONTROL) is None:
+            self.state = MpsState(False, False, note=f"{CONTROL} not found: ranks run time-sliced")
+            return self.state
+        pipe, log = self.root / "pipe", self.root / "log"
+        pipe.mkdir(parents=True, exist_ok=True)
+        log.mkdir(parents=True, exist_ok=True)
+        rc, out = _control_start(str(pipe), str(log))
+        if rc != 0:
+            self.state = MpsState(False, False, note=f"could not start MPS ({out}): ranks run time-sliced")
+            return self.state
+        self.state = MpsState(True, True, str(pipe), str(log), note="started a private MPS daemon")
+        ok, why = self.canary()
+        if not ok:
+            self.stop()
+            self.state = MpsState(False, False, note=f"MPS started but a client could not run ({why}): "
+                                  "ranks run time-sliced")
+        return self.state
+
+    def canary(self) -> tuple[bool, str]:
+        """Open a CUDA context in a child under the current MPS settings; (ok, output)."""
+        env = dict(os.environ)
+        env.update(self.state.rank_env(0, 1, 100) if self.state.active else {})
+        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+        try:
+            p = subprocess.run([self.python, "-c", CANARY], capture_output=True, text=True, env=env,
+                               timeout=self.canary_timeout_s, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return False, f"canary timed out after {self.canary_timeout_s:.0f} s"
+        out = (p.stdout + p.stderr).strip()[-500:]
+        return p.returncode == 0 and "1.0" in p.stdout, out
+
+    def recover(self) -> str:
+        """After a fatal fault (ranks already reaped): canary; restart our daemon if it fails. Returns a note."""
+        if not self.state.active:
+            return "no MPS"
+        ok, out = self.canary()
+        if ok:
+            return "MPS canary ok after the fault"
+        if not self.state.started_by_us:
+            return f"MPS canary failed after the fault and the daemon is not ours to restart: {out}"
+        self.stop()
+        self.state = MpsState(False, False)
+        st = self.ensure()
+        return f"MPS canary failed after the fault ({out}); restarted the daemon: {st.note}"
+
+    def stop(self) -> None:
+        """Quit the daemon only if we started it; wait until it is gone."""
+        st = self.state
+        if not (st.active and st.started_by_us):
+            return
+        env = _env_with(st.pipe_dir, st.log_dir)
+        _control("quit", env)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and daemon_answers(st.pipe_dir):
+            time.sleep(0.2)
+        self.state = MpsState(False, False, note="stopped the MPS daemon we started")
+
+    def provenance(self) -> dict[str, object]:
+        return {"mps": self.state.active, "mps_started_by_us": self.state.started_by_us, "mps_note": self.state.note,
+                "mps_thread_percentage": dict(self.state.thread_percentage)}
+
+
+def _control_start(pipe_dir: str, log_dir: str) -> tuple[int, str]:
+    exe = shutil.which(CONTROL)
+    assert exe is not None
+    try:
+        p = subprocess.run([exe, "-d"], capture_output=True, text=True, env=_env_with(pipe_dir, log_dir),
+                           timeout=30)
+    except (subprocess.TimeoutExpired, OSError) as exc:
+        return 1, str(exc)
+    if p.returncode != 0:
+        return p.returncode, (p.stdout + p.stderr).strip() or f"exit code {p.returncode}"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if daemon_answers(pipe_dir):
+            return 0, ""
+        time.sleep(0.1)
+    return 1, "the daemon did not answer within 10 s"
+
+
+def mps_daemon_pids() -> list[int]:
+    """PIDs of running nvidia-cuda-mps-control/-server processes (for the leak check)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                continue
+            if comm.startswith("nvidia-cuda-mps"):
+                out.append(int(d.name))
+    return out

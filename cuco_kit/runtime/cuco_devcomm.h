@@ -1,0 +1,144 @@
+/*
+ * cuco_devcomm.h — runtime helpers shared by both backends; included by cuco_lsa.h after the NCCL device API
+ * (real or compat) so ncclDevComm and ncclWindow_t are known.
+ *
+ * Host (call from cuco_setup / cuco_teardown; return CUCO_OK or a CUCO_ERR_* code):
+ *   int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out);
+ *   int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc);
+ *   ncclWindow_t cuco_window(const cuco_tensor_t* t);        // a tensor's window, for ncclGetLsaPointer
+ *   ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx);   // the flag region's window
+ * Device:
+ *   void cuco_signal(uint64_t* remote_flag, uint64_t epoch);  // st.release.sys
+ *   void cuco_wait(const uint64_t* flag, uint64_t epoch);     // ld.acquire.sys spin until >= epoch
+ *   uint64_t* cuco_user_flag(uint64_t* const* peers, int rank, size_t i);  // rank's i-th candidate word
+ *
+ * Why a helper and not ncclDevCommCreate directly: NCCL 2.28 and 2.29 take different requirement structs,
+ * the communicator may be non-blocking, 2.28 leaves a stale CUDA error behind, and under symm there is no
+ * NCCL at all. Nothing collective happens inside a candidate beyond this call, made once per rank in setup
+ * in the same order everywhere (windows themselves come from the harness).
+ */
+#ifndef CUCO_DEVCOMM_H_
+#define CUCO_DEVCOMM_H_
+
+#include <string.h>
+#include <sched.h>
+#include <cuda_runtime_api.h>
+#include "cuco_abi.h"
+
+#ifndef CUCO_FLAGS_RESERVED
+#error "include cuco_lsa.h, not cuco_devcomm.h directly"
+#endif
+
+/* ---- host: devComm ------------------------------------------------------------------------------------- */
+
+#if !CUCO_LSA_COMPAT
+
+/* A non-blocking communicator answers ncclInProgress; poll until the operation settles. */
+static inline ncclResult_t cuco_nccl_settle_(ncclComm_t comm, ncclResult_t r) {
+  while (r == ncclInProgress) {
+    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return q;
+    if (r == ncclInProgress) sched_yield();
+  }
+  return r;
+}
+
+static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) return CUCO_ERR_BACKEND;
+  if (lsaBarrierCount < 0) return CUCO_ERR_PARAM;
+  ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
+#if NCCL_VERSION_CODE >= 22900
+  /* 2.29 grew the struct and gave it an initializer with non-zero defaults. */
+  ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  ncclDevCommRequirements reqs;
+  memset(&reqs, 0, sizeof(reqs));
+#endif
+  reqs.lsaBarrierCount = lsaBarrierCount;
+  memset(out, 0, sizeof(*out));
+  ncclResult_t r = cuco_nccl_settle_(comm, ncclDevCommCreate(comm, &reqs, out));
+  /* 2.28 leaves a stale, non-sticky CUDA error behind even on success; clear it so the candidate's next
+   * cudaGetLastError() reports its own launches only. */
+  (void)cudaGetLastError();
+  return r == ncclSuccess ? CUCO_OK : CUCO_ERR_NCCL;
+}
+
+static inline int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc) {
+  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) return CUCO_ERR_BACKEND;
+  ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
+  ncclResult_t r = cuco_nccl_settle_(comm, ncclDevCommDestroy(comm, dc));
+  return r == ncclSuccess ? CUCO_OK : CUCO_ERR_NCCL;
+}
+
+static inline ncclWindow_t cuco_window(const cuco_tensor_t* t) { return (ncclWindow_t)t->window; }
+static inline ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx) { return (ncclWindow_t)ctx->flags.window; }
+
+#else /* symm: compat devComm over the harness flag region */
+
+/* Next free runtime word per rank for compat barriers, and how many devComms hold words. One copy per
+ * candidate (this header is compiled into exactly one translation unit); words are handed out again once
+ * every devComm is destroyed, since the harness zeroes the region for each loaded candidate. */
+static size_t cuco_compat_next_word_ = CUCO_COMPAT_HEADER_WORDS;
+static int cuco_compat_live_devcomms_ = 0;
+
+static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+  if (ctx->backend != CUCO_BACKEND_SYMM) return CUCO_ERR_BACKEND;
+  if (lsaBarrierCount < 0 || ctx->world_size < 1 || ctx->world_size > CUCO_MAX_RANKS) return CUCO_ERR_PARAM;
+  if (ctx->flags.peers == NULL || ctx->flags.count < CUCO_FLAGS_RESERVED) return CUCO_ERR_PARAM;
+  size_t words = cuco_compat_barrier_words(lsaBarrierCount, ctx->world_size);
+  if (cuco_compat_next_word_ + words > CUCO_FLAGS_RESERVED) return CUCO_ERR_PARAM; /* too many barriers */
+  memset(out, 0, sizeof(*out));
+  out->rank = out->lsaRank = ctx->rank;
+  out->nRanks = out->lsaSize = ctx->world_size;
+  out->flagPeers = ctx->flags.peers;
+  out->barrierBase = cuco_compat_next_word_;
+  out->lsaBarrierCount = lsaBarrierCount;
+#ifdef __CUDACC__
+  int rank = ctx->rank;
+  if (cudaMemcpyToSymbol(cuco_compat_rank_, &rank, sizeof(rank)) != cudaSuccess) return CUCO_ERR_CUDA;
+#endif
+  cuco_compat_next_word_ += words;
+  cuco_compat_live_devcomms_ += 1;
+  return CUCO_OK;
+}
+
+static inline int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc) {
+  if (ctx->backend != CUCO_BACKEND_SYMM) return CUCO_ERR_BACKEND;
+  memset(dc, 0, sizeof(*dc));
+  if (cuco_compat_live_devcomms_ > 0 && --cuco_compat_live_devcomms_ == 0)
+    cuco_compat_next_word_ = CUCO_COMPAT_HEADER_WORDS;
+  return CUCO_OK;
+}
+
+/* The compat window is the tensor's device peer table, so ncclGetLsaPointer(w, off, p) = peers[p] + off. */
+static inline ncclWindow_t cuco_window(const cuco_tensor_t* t) { return (ncclWindow_t)t->peers; }
+static inline ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx) { return (ncclWindow_t)ctx->flags.peers; }
+
+#endif /* CUCO_LSA_COMPAT */
+
+/* ---- device: epoch flags (both backends) ------------------------------------------------------------- */
+
+#ifdef __CUDACC__
+/* Publish `epoch` to a (usually remote) flag: every write this thread made before, and every write ordered
+ * before it by a preceding __syncthreads, becomes visible to whoever acquires the flag. System scope: under
+ * symm the reader is another process, under nccl another GPU. */
+__device__ __forceinline__ void cuco_signal(uint64_t* remote_flag, uint64_t epoch) {
+  asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(remote_flag), "l"(epoch) : "memory");
+}
+
+/* Spin until `flag` reaches `epoch`; the acquire makes the producer's earlier writes visible after it. */
+__device__ __forceinline__ void cuco_wait(const uint64_t* flag, uint64_t epoch) {
+  uint64_t v;
+#pragma unroll 1
+  do {
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+  } while (v < epoch);
+}
+
+/* Rank `rank`'s i-th candidate-owned flag word (past the runtime's reserved words). */
+__device__ __forceinline__ uint64_t* cuco_user_flag(uint64_t* const* peers, int rank, size_t i) {
+  return peers[rank] + CUCO_FLAGS_RESERVED + i;
+}
+#endif /* __CUDACC__ */
+
+#endif /* CUCO_DEVCOMM_H_ */

@@ -1,0 +1,132 @@
+// harness_helpers.cu — device work the harness itself needs inside a rank (never part of a candidate).
+//
+// Built once per cache into libcuco_harness.so and loaded by every rank worker with ctypes:
+//   cuco_h_barrier        a device barrier across ranks over the harness's own words of the flag region
+//                         (system-scope release/acquire, epoch-valued, so no reset is ever needed); it runs
+//                         right before the start event so every rank's timed step starts together.
+//   cuco_h_spin           a single-thread delay (jitter before verification trials: a missing wait on a peer
+//                         flag shows when one rank is late).
+//   cuco_h_fill_peer_table  under the nccl backend: each peer's pointer to a registered window, read with
+//                         ncclGetPeerPointer (window pointers need the window only, not a devComm).
+//   cuco_h_capture        the one-time stream-capture pass around cuco_step (see below).
+//   cuco_h_error_name     cudaGetErrorName for the codes returned above.
+// Every entry point returns a cudaError_t value (0 = success) so Python checks each call.
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#define CUCO_H_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+__device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Thread t (< world) tells rank t "rank `rank` reached barrier `epoch`" by storing into word base+rank of rank
+// t's region, then waits until rank t has told us the same. A wait longer than timeout_ns gives up and raises
+// *timed_out (host-mapped pinned memory) instead of spinning forever: the host reports it as a hang.
+__global__ void barrier_kernel(uint64_t* const* peers, size_t base, int rank, int world, uint64_t epoch,
+                               uint64_t timeout_ns, volatile int* timed_out) {
+  const int t = threadIdx.x;
+  if (t >= world) return;
+  __threadfence_system();  // earlier work of this stream is visible to peers before they pass the barrier
+  st_release_sys(peers[t] + base + rank, epoch);
+  const uint64_t* mine = peers[rank] + base + t;
+  const uint64_t start = global_ns();
+  while (ld_acquire_sys(mine) < epoch) {
+    if (global_ns() - start > timeout_ns) {
+      if (timed_out) *timed_out = 1 + t;
+      return;
+    }
+    __nanosleep(200);
+  }
+}
+
+__global__ void spin_kernel(uint64_t ns) {
+  const uint64_t start = global_ns();
+  while (global_ns() - start < ns) __nanosleep(500);
+}
+
+__global__ void peer_table_kernel(ncclWindow_t win, void** table, int world) {
+  const int p = threadIdx.x;
+  if (p < world) table[p] = ncclGetPeerPointer(win, 0, p);
+}
+
+}  // namespace
+
+CUCO_H_EXPORT int cuco_h_barrier(uint64_t* const* peers_dev, size_t base, int rank, int world, uint64_t epoch,
+                                 uint64_t timeout_ns, int* timed_out_host, cudaStream_t stream) {
+  if (world < 1 || world > 64 || rank < 0 || rank >= world) return (int)cudaErrorInvalidValue;
+  barrier_kernel<<<1, 64, 0, stream>>>(peers_dev, base, rank, world, epoch, timeout_ns, timed_out_host);
+  return (int)cudaGetLastError();
+}
+
+CUCO_H_EXPORT int cuco_h_spin(uint64_t ns, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(ns);
+  return (int)cudaGetLastError();
+}
+
+CUCO_H_EXPORT int cuco_h_fill_peer_table(void* window, void** table_dev, int world, cudaStream_t stream) {
+  if (world < 1 || world > 64) return (int)cudaErrorInvalidValue;
+  peer_table_kernel<<<1, 64, 0, stream>>>((ncclWindow_t)window, table_dev, world);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return (int)e;
+  return (int)cudaStreamSynchronize(stream);
+}
+
+// The stream-capture pass. cuco_step is called while `stream` is being captured (relaxed mode, so legitimate
+// calls such as cudaMalloc from other threads do not break it). What the codes mean:
+//   out[0] cuco_step's return value (meaningless when the capture failed)
+//   out[1] cudaStreamBeginCapture
+//   out[2] cudaStreamEndCapture: cudaErrorStreamCaptureUnjoined = work forked off the stream never rejoined;
+//          cudaErrorStreamCaptureInvalidated / Unsupported = the step did something capture forbids (e.g.
+//          cudaStreamSynchronize): the fork check is inconclusive, which the harness reports as such.
+//   out[3] cudaGraphInstantiate, out[4] cudaGraphLaunch (the captured step runs once for real, so host-side NCCL
+//          state and the epoch stay in step with the other ranks). Not synchronised here: the caller waits on an
+//          event with its watchdog, so a step that never ends is a timeout, not a blocked process.
+//   out[5] cudaGetLastError after the capture (clears the non-sticky capture errors)
+CUCO_H_EXPORT int cuco_h_capture(int (*step)(void*), void* ctx, cudaStream_t stream, int launch, int* out) {
+  for (int i = 0; i < 6; ++i) out[i] = 0;
+  cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+  out[1] = (int)e;
+  if (e != cudaSuccess) return (int)e;
+  out[0] = step(ctx);
+  cudaGraph_t graph = nullptr;
+  out[2] = (int)cudaStreamEndCapture(stream, &graph);
+  out[5] = (int)cudaGetLastError();
+  if (out[2] == cudaSuccess && graph != nullptr) {
+    cudaGraphExec_t exec = nullptr;
+    out[3] = (int)cudaGraphInstantiate(&exec, graph, 0);
+    if (out[3] == cudaSuccess) {
+      if (launch) {
+        out[4] = (int)cudaGraphLaunch(exec, stream);
+      }
+      cudaGraphExecDestroy(exec);
+    }
+  }
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  return 0;
+}
+
+CUCO_H_EXPORT const char* cuco_h_error_name(int code) { return cudaGetErrorName((cudaError_t)code); }
+
+CUCO_H_EXPORT int cuco_h_capture_status(cudaStream_t stream, int* status) {
+  cudaStreamCaptureStatus s = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(stream, &s);
+  *status = (int)s;
+  return (int)e;
+}

@@ -1,0 +1,66 @@
+"""The harness on a real GPU: the same run as scripts/gpu_check.sh, asserted case by case."""
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _has_gpu() -> bool:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return False
+    try:
+        return subprocess.run([exe, "-L"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU")
+
+
+@pytest.fixture(scope="module")
+def summary(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    import json
+
+    spec = importlib.util.spec_from_file_location("harness_run", ROOT / "benchmarks" / "harness" / "run.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path_factory.mktemp("gpu_check")
+    mod.main(["--out", str(out)])
+    return json.loads((out / "harness_gpu_check.json").read_text())
+
+
+@pytest.mark.timeout(600)
+def test_device_lsa_passes_l2_nccl_world1_and_symm_2_4(summary: dict) -> None:
+    rows = {(r["case"], r["backend"], r["world"]): r for r in summary["rows"]}
+    for key in (("device_lsa.cu", "nccl", 1), ("device_lsa.cu", "symm", 2), ("device_lsa.cu", "symm", 4)):
+        r = rows[key]
+        assert r["verdict"] == "pass" and r["median_ms"] > 0, r
+        assert r["seed_median_ms"] and r["speedup"], r
+
+
+def test_every_adversarial_candidate_is_rejected_and_never_scored(summary: dict) -> None:
+    adv = [r for r in summary["rows"] if r["case"].endswith(".cu") and r["expect"].get("verdict") == "fail"]
+    assert adv, "no adversarial case ran"
+    bad = [f"{r['case']} {r['backend']}-{r['world']}: {r['why']}" for r in adv if not r["ok"]]
+    assert not bad, bad
+    assert all(r["median_ms"] is None and r["speedup"] is None for r in adv)
+    assert not summary["skipped"], summary["skipped"]
+
+
+def test_warm_evaluation_is_cheaper_than_a_cold_start(summary: dict) -> None:
+    ov = summary["overhead"]
+    assert ov["warm_eval_seconds"], ov
+    assert ov["cold_eval_seconds"] is not None
+    assert max(ov["warm_eval_seconds"]) < ov["cold_eval_seconds"], ov
+
+
+def test_no_leaks(summary: dict) -> None:
+    assert summary["leak_ok"], summary["leaks"]

@@ -1,0 +1,194 @@
+"""L1 build cache and version checks, without nvcc: a fake compiler stands in so the unit tier stays fast.
+Real nvcc builds are in tests/compile/test_compile_samples.py."""
+from __future__ import annotations
+
+import stat
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cuco_kit.errors import BadInput, CucoError
+from cuco_kit.evaluate import build as B
+
+FAKE_NVCC = textwrap.dedent(
+    """\
+    #!{python}
+    # Stands in for nvcc: '--version' prints a version; otherwise '#error' in the source fails like a compile
+    # error, 'SLEEP_FOREVER' hangs, anything else writes the -o file. Each compile appends a line to $FAKE_NVCC_LOG.
+    import os, sys, time
+    args = sys.argv[1:]
+    if args == ["--version"]:
+        print("Cuda compilation tools, release 99.9, fake"); sys.exit(0)
+    out = args[args.index("-o") + 1]
+    src = [a for a in args if a.endswith(".cu")][0]
+    with open(os.environ["FAKE_NVCC_LOG"], "a") as f:
+        f.write(" ".join(args) + "\\n")
+    code = open(src).read()
+    if "#error" in code:
+        print(src + "(1): error: forced failure for the test"); sys.exit(2)
+    if "SLEEP_FOREVER" in code:
+        time.sleep(600)
+    open(out, "wb").write(b"ELF-fake " + code.encode())
+    """
+)
+
+
+@pytest.fixture()
+def fake_cfg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> B.BuildConfig:
+    nvcc = tmp_path / "bin" / "nvcc"
+    nvcc.parent.mkdir()
+    nvcc.write_text(FAKE_NVCC.format(python=sys.executable))
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(tmp_path / "calls.log"))
+    nccl = tmp_path / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n#define NCCL_VERSION_CODE 22809\n")
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    (runtime / "cuco_abi.h").write_text("/* abi */\n")
+    B._nvcc_version.cache_clear()
+    return B.BuildConfig(nvcc=str(nvcc), nccl_include=nccl / "include", nccl_lib=nccl / "lib",
+                         cublas_include=None, cublas_lib=None, runtime_dir=runtime, timeout_s=30)
+
+
+def _calls(tmp_path: Path) -> int:
+    log = tmp_path / "calls.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+CODE = '#include "cuco_abi.h"\nextern "C" int cuco_step(void*) { return 0; }\n'
+
+
+def test_identical_content_hits_the_cache(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    first = B.build(CODE, "nccl", fake_cfg, cache)
+    second = B.build(CODE, "nccl", fake_cfg, cache)
+    assert first.ok and not first.cached
+    assert second.ok and second.cached
+    assert second.so_path == first.so_path and second.key == first.key
+    assert first.so_path is not None and first.so_path.read_bytes().startswith(b"ELF-fake")
+    assert _calls(tmp_path) == 1
+    assert (cache / f"{first.key}.log").exists()  # the compiler log sits next to the .so
+
+
+def test_one_changed_byte_or_backend_misses(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    base = B.build(CODE, "nccl", fake_cfg, cache)
+    edited = B.build(CODE.replace("return 0", "return 1"), "nccl", fake_cfg, cache)
+    other_backend = B.build(CODE, "symm", fake_cfg, cache)
+    assert not edited.cached and not other_backend.cached
+    assert len({base.key, edited.key, other_backend.key}) == 3
+    assert _calls(tmp_path) == 3
+    assert len(list(cache.glob("*.so"))) == 3
+
+
+def test_runtime_header_change_invalidates(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    before = B.cache_key(CODE, "nccl", fake_cfg)
+    (fake_cfg.runtime_dir / "cuco_abi.h").write_text("/* abi, edited */\n")
+    assert B.cache_key(CODE, "nccl", fake_cfg) != before
+
+
+def test_nccl_header_version_is_part_of_the_key(fake_cfg: B.BuildConfig) -> None:
+    before = B.cache_key(CODE, "nccl", fake_cfg)
+    assert fake_cfg.nccl_include is not None
+    (fake_cfg.nccl_include / "nccl.h").write_text("#define NCCL_VERSION_CODE 22900\n")
+    assert B.cache_key(CODE, "nccl", fake_cfg) != before
+
+
+def test_compile_error_gives_log_and_no_library(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    res = B.build("#error broken\n" + CODE, "nccl", fake_cfg, cache)
+    assert not res.ok and res.so_path is None and not res.cached
+    assert "forced failure for the test" in res.log
+    assert list(cache.glob("*.so")) == []
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".build-")] == []  # work dir cleaned up
+    again = B.build("#error broken\n" + CODE, "nccl", fake_cfg, cache)
+    assert not again.ok and _calls(tmp_path) == 2  # failures are not cached
+
+
+def test_timeout_kills_the_compiler(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    fake_cfg.timeout_s = 1.0
+    res = B.build("// SLEEP_FOREVER\n" + CODE, "nccl", fake_cfg, tmp_path / "cache")
+    assert not res.ok and "timed out" in res.log
+    assert res.seconds < 30
+
+
+def test_nvcc_command_per_backend(fake_cfg: B.BuildConfig) -> None:
+    nccl = B.nvcc_command("a.cu", "a.so", "nccl", fake_cfg)
+    symm = B.nvcc_command("a.cu", "a.so", "symm", fake_cfg)
+    for cmd in (nccl, symm):
+        assert cmd[0] == fake_cfg.nvcc
+        assert "-gencode=arch=compute_90a,code=sm_90a" in cmd
+        for flag in ("-O3", "-std=c++17", "-shared", "-fPIC", "-lineinfo"):
+            assert flag in cmd
+        assert f"-I{fake_cfg.runtime_dir}" in cmd
+        assert cmd[cmd.index("-o") + 1] == "a.so"
+    assert "-DCUCO_BUILD_SYMM=1" in symm and "-DCUCO_BUILD_SYMM=1" not in nccl
+    assert "-l:libnccl.so.2" in nccl and f"-rpath={fake_cfg.nccl_lib}" in nccl
+    assert not any("nccl.so" in a for a in symm)
+    with pytest.raises(BadInput, match="unknown backend"):
+        B.nvcc_command("a.cu", "a.so", "mpi", fake_cfg)
+
+
+def test_cublas_links_by_soname_with_rpath_when_the_wheel_has_it(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    assert "-lcublas" in B.nvcc_command("a.cu", "a.so", "symm", fake_cfg)  # no wheel: the toolkit's
+    lib = tmp_path / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcublas.so.13").write_bytes(b"")
+    fake_cfg.cublas_lib = lib
+    cmd = B.nvcc_command("a.cu", "a.so", "symm", fake_cfg)
+    assert "-l:libcublas.so.13" in cmd and f"-rpath={lib}" in cmd and "-lcublas" not in cmd
+
+
+def test_default_config_finds_the_installed_wheels() -> None:
+    cfg = B.BuildConfig()
+    if cfg.nccl_include is None:
+        pytest.skip("nvidia-nccl wheel not installed")
+    assert (cfg.nccl_include / "nccl.h").exists()
+    assert (cfg.runtime_dir / "cuco_abi.h").exists()
+
+
+def test_header_version_parsing(tmp_path: Path) -> None:
+    (tmp_path / "nccl.h").write_text("#define NCCL_PATCH 9\n#define NCCL_VERSION_CODE 22809\n")
+    assert B.nccl_header_version(tmp_path) == 22809
+    assert B.nccl_version_string(22809) == "2.28.9"
+    assert B.nccl_version_string(22900) == "2.29.0"
+    assert B.nccl_version_string(2704) == "2.7.4"
+    (tmp_path / "nccl.h").write_text("/* no version here */\n")
+    with pytest.raises(CucoError, match="NCCL_VERSION_CODE"):
+        B.nccl_header_version(tmp_path)
+    with pytest.raises(CucoError, match="cannot read"):
+        B.nccl_header_version(tmp_path / "missing")
+
+
+def test_installed_headers_are_2_28_9() -> None:
+    inc = B._wheel_subdir("nccl", "include")
+    if inc is None:
+        pytest.skip("nvidia-nccl wheel not installed")
+    assert B.nccl_header_version(inc) == 22809
+
+
+def test_version_mismatch_is_refused() -> None:
+    B.check_nccl_version(22809, 22809)
+    with pytest.raises(CucoError) as e:
+        B.check_nccl_version(22809, 22903)
+    assert "2.28.9" in str(e.value) and "2.29.3" in str(e.value)
+
+
+def test_supported_backends() -> None:
+    assert B.supported_backends('#include "cuco_lsa.h"\n') == ("nccl", "symm")
+    assert B.supported_backends('#include "cuco_abi.h"\n') == ("nccl", "symm")
+    assert B.supported_backends("#include <nccl.h>\n") == ("nccl",)
+    assert B.supported_backends("// cuco: backends=symm\n#include <nccl.h>\n") == ("symm",)
+    assert B.supported_backends("// cuco: backends=nccl, symm\n") == ("nccl", "symm")
+    with pytest.raises(BadInput, match="backends"):
+        B.supported_backends("// cuco: backends=mpi\n")
+
+
+def test_build_file_missing_is_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(BadInput, match="cannot read candidate"):
+        B.build_file(tmp_path / "nope.cu", "nccl")
+

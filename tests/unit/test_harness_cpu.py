@@ -1,0 +1,157 @@
+"""CPU checks of the harness: the ctypes ABI mirror against the C header, timing statistics, verification
+maths, reply merging, and `cuco eval` on a machine without a GPU."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from cuco_kit.evaluate import abi
+from cuco_kit.evaluate.cascade import merge_replies
+from cuco_kit.evaluate.harness import input_seed, iteration_stats, rel_error, verified_iterations
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _c_layout_program() -> str:
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "cuco_abi.h"', "int main(void) {"]
+    for tag, struct, ctype in (("tensor", abi.CucoTensor, "cuco_tensor_t"), ("flags", abi.CucoFlags, "cuco_flags_t"),
+                               ("scratch_req", abi.CucoScratchRequest, "cuco_scratch_request_t"),
+                               ("ctx", abi.CucoCtx, "cuco_ctx_t")):
+        lines.append(f'  printf("sizeof.{tag} %zu\\n", sizeof({ctype}));')
+        for name, _ in struct._fields_:
+            lines.append(f'  printf("{tag}.{name} %zu\\n", offsetof({ctype}, {name}));')
+    for name in ("CUCO_ABI_VERSION", "CUCO_MAX_TENSORS", "CUCO_MAX_PARAMS", "CUCO_MAX_SCRATCH", "CUCO_MAX_RANKS",
+                 "CUCO_NAME_LEN"):
+        lines.append(f'  printf("const.{name} %d\\n", (int){name});')
+    lines += ["  return 0;", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def test_ctypes_struct_matches_header(tmp_path: Path) -> None:
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler")
+    cuda_inc = Path("/usr/local/cuda/include")
+    if not (cuda_inc / "cuda_runtime_api.h").exists():
+        pytest.skip("cuda_runtime_api.h not found")
+    src = tmp_path / "layout.c"
+    src.write_text(_c_layout_program())
+    exe = tmp_path / "layout"
+    subprocess.run([gcc, "-std=c11", f"-I{ROOT / 'cuco_kit' / 'runtime'}", f"-I{cuda_inc}", str(src), "-o", str(exe)],
+                   check=True, capture_output=True, timeout=120)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=30).stdout
+    c = {k: int(v) for k, v in (line.split() for line in out.strip().splitlines())}
+    py = abi.layout()
+    for key, value in py.items():
+        assert c[key] == value, f"{key}: header says {c[key]}, ctypes mirror says {value}"
+    for name in ("CUCO_ABI_VERSION", "CUCO_MAX_TENSORS", "CUCO_MAX_PARAMS", "CUCO_MAX_SCRATCH", "CUCO_MAX_RANKS",
+                 "CUCO_NAME_LEN"):
+        assert c[f"const.{name}"] == getattr(abi, name), name
+    assert abi.new_ctx().struct_size == c["sizeof.ctx"]
+
+
+def test_set_name_refuses_overlong_names() -> None:
+    ctx = abi.new_ctx()
+    abi.set_name(ctx.tensors[1], "name", "longer_name")
+    abi.set_name(ctx.tensors[1], "name", "x")  # shorter over longer: no leftover bytes
+    assert ctx.tensors[1].name == b"x" and ctx.tensors[0].name == b""
+    abi.set_name(ctx, "param_names", "N_PER_RANK", 2)
+    assert bytes(ctx.param_names[2]).rstrip(b"\0") == b"N_PER_RANK" and bytes(ctx.param_names[1]).strip(b"\0") == b""
+    with pytest.raises(ValueError):
+        abi.set_name(ctx.tensors[0], "name", "n" * abi.CUCO_NAME_LEN)
+
+
+def test_iteration_time_is_max_over_ranks_then_median_and_spread() -> None:
+    per_rank = [[1.0, 5.0, 2.0, 2.0, 3.0], [2.0, 1.0, 2.5, 9.0, 1.0], [0.5, 0.5, 0.5, 0.5, 0.5]]
+    st = iteration_stats(per_rank)
+    assert st["iteration_ms"] == [2.0, 5.0, 2.5, 9.0, 3.0]
+    assert st["median_ms"] == 3.0
+    # numpy-style linear percentiles of [2, 2.5, 3, 5, 9]: p10 = 2.2, p90 = 7.4
+    assert math.isclose(st["p10_ms"], 2.2) and math.isclose(st["p90_ms"], 7.4)
+    assert math.isclose(st["spread_ms"], 5.2)
+    assert st["per_rank_median_ms"] == [2.0, 2.0, 0.5]
+
+
+def test_iteration_stats_rejects_ragged_and_bad_input() -> None:
+    with pytest.raises(ValueError):
+        iteration_stats([[1.0, 2.0], [1.0]])
+    with pytest.raises(ValueError):
+        iteration_stats([[1.0, float("nan")]])
+    with pytest.raises(ValueError):
+        iteration_stats([])
+
+
+def test_verified_iterations_first_plus_about_one_in_k() -> None:
+    picked = verified_iterations(3000, 3, seed=5)
+    assert picked[0] == 0
+    assert picked == verified_iterations(3000, 3, seed=5)  # every rank picks the same
+    assert picked != verified_iterations(3000, 3, seed=6)
+    assert 800 < len(picked) < 1200
+    assert verified_iterations(10, 1, seed=0) == list(range(10))
+
+
+def test_input_seeds_differ_per_trial_and_rank() -> None:
+    seeds = {input_seed(0, t, r) for t in range(50) for r in range(8)}
+    assert len(seeds) == 400
+    assert input_seed(1, 0, 0) != input_seed(0, 0, 0)
+
+
+def test_rel_error_nan_never_passes_and_prefix_is_compared() -> None:
+    ref = torch.arange(1, 9, dtype=torch.float32)
+    out = ref.clone().to(torch.bfloat16)
+    assert rel_error(out, ref) == 0.0
+    bad = out.clone()
+    bad[3] = float("nan")
+    assert rel_error(bad, ref) == math.inf
+    longer = torch.cat([out, torch.full((4,), float("nan"), dtype=torch.bfloat16)])
+    assert rel_error(longer, ref) == 0.0  # only the valid prefix is compared
+    assert rel_error(out[:4], ref) == math.inf
+    off = out.float() * 1.01
+    assert math.isclose(rel_error(off, ref), 0.01, rel_tol=1e-4)
+
+
+def test_merge_replies_prefers_the_rank_that_failed_itself() -> None:
+    replies = [{"verdict": "fail", "level": "L2", "reason": "verification failed on a peer in trial 1"},
+               {"verdict": "fail", "level": "L2", "reason": "verification failed: rank 1: output 'y' wrong"}]
+    res = merge_replies(replies, {})
+    assert res.verdict == "fail" and "rank 1" in res.reason and res.median_ms is None
+    res = merge_replies([{"verdict": "pass", "times_ms": [1.0, 2.0, 3.0]}, None], {})
+    assert res.verdict == "fail" and res.median_ms is None
+    res = merge_replies([{"verdict": "pass", "times_ms": [1.0, 4.0, 3.0], "max_rel_err": 0.0},
+                         {"verdict": "pass", "times_ms": [2.0, 1.0, 3.5], "max_rel_err": 1e-3}], {})
+    assert res.verdict == "pass" and res.level_reached == "L3"
+    assert res.iteration_ms == [2.0, 4.0, 3.5] and res.median_ms == 3.5 and res.max_rel_err == 1e-3
+
+
+def test_cuco_eval_without_gpu_says_which_levels_were_not_run(tmp_path: Path) -> None:
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not installed: L1 cannot run here")
+    # an nvidia-smi that finds no GPU comes first on PATH: no GPU, whatever this machine has
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake = bindir / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed: no devices were found' >&2\nexit 9\n")
+    fake.chmod(0o755)
+    env = dict(os.environ)
+    env.update(PATH=f"{bindir}:{os.environ.get('PATH', '')}", HOME=str(tmp_path), PYTHONPATH=str(ROOT))
+    cand = ROOT / "sample_kernels" / "allgather" / "device_lsa.cu"
+    p = subprocess.run([sys.executable, "-m", "cuco_kit.cli", "eval", str(cand), "--workload",
+                        str(ROOT / "sample_kernels" / "allgather"), "--ranks", "2", "--backend", "symm", "--json"],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, (p.stdout[:1500] + p.stderr[-3000:])
+    out = json.loads(p.stdout)
+    assert out["verdict"] == "unavailable"
+    assert out["reason"] == "no GPU: L2/L3 not evaluated"
+    assert out["level_reached"] == "L1"
+    assert out["levels_not_run"] == ["L2", "L3"]
+    assert out["median_ms"] is None and out["speedup"] is None
+    assert "build" in out["logs"]
