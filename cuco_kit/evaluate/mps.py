@@ -190,8 +190,10 @@ def mps_daemon_pids() -> list[int]:
         if d.name.isdigit():
             try:
                 comm = (d / "comm").read_text().strip()
-            except OSError:
+                state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
                 continue
-            if comm.startswith("nvidia-cuda-mps"):
+            # A daemon that exited but was not reaped by its (re-parented) parent is a zombie, not a leak.
+            if comm.startswith("nvidia-cuda-mps") and state != "Z":
                 out.append(int(d.name))
     return out

@@ -1,0 +1,437 @@
+// device_lsa.cu — GEMM + AllGather, device-initiated baseline in NCCL-LSA form (one source, both backends).
+// cuco: backends=nccl,symm
+//
+// Tensor parallel Y_r = AllGather(X) @ W_r, bf16 operands, fp32 accumulation. World size W, TOTAL sizes M, N, K,
+// Mr = M/W rows per rank, C = kChunks chunks per shard of Rc = Mr/C rows each:
+//
+//     x  [Mr, K]    this rank's rows of X                 (input tensor "x")
+//     w  [K, N/W]   this rank's columns of W              (input tensor "w")
+//     xg [M, K]     gathered X: rank q's rows at q*Mr      (scratch window "xg", on every rank)
+//     y  [M, N/W]   Xg @ w                                (output tensor "y")
+//
+// Instead of a host all-gather followed by one GEMM (seed_nccl.cu), every rank PUSHES its shard into every
+// peer's xg with plain 16-byte stores through NVLink load/store access (LSA: ncclGetLsaPointer maps a peer's
+// window into our address space), chunk by chunk, and announces each landed chunk with a flag in the peer's
+// flag region. The consumer GEMMs each chunk as soon as its flag says it has landed:
+//
+//   side stream   put kernel: for chunk c, for every peer p:  x[c] ──16-B stores──▶ p.xg[rank*Mr + c*Rc ..]
+//                             then  p.flags[rank*C + c] = epoch   (release, system scope)
+//   ctx->stream   GEMM(local shard straight from x, no wait)  ──▶ for chunk c, for source q != rank:
+//                 wait(flags[q*C + c] >= epoch) ─▶ GEMM(xg rows of (q, c)) ─▶ y rows of (q, c)
+//                 ◀── join: the side stream's event
+//
+// While remote chunks travel, the tensor cores are busy with the local shard and with chunks that already
+// landed: communication hides behind compute. The local shard is never copied into xg: cuBLAS reads it from x.
+//
+// Design space (the knob block below; every combination compiles and is a working variant):
+//   kPlacement  kSequential  put all -> GEMM local -> wait all -> GEMM remote rows, one stream, no overlap
+//               kTwoStream   puts on a second stream, one full-width put launch per chunk (chunk c is complete
+//                            everywhere before chunk c+1 starts); per-chunk wait + GEMM on ctx->stream
+//               kPersistent  ONE persistent put kernel on kPersistentSmPercent of the SMs walking all chunks in
+//                            order, concurrent with the per-chunk GEMMs that keep the remaining SMs (the
+//                            "fused persistent" slot of the design space; the GEMM itself stays in cuBLAS)
+//   kSync       kChunkFlags  one epoch flag per (source, chunk) in the receiver's flag region; the last unit
+//                            finishing a (chunk, peer) raises it
+//               kBarrier     no flags: every put CTA ends with one ncclLsaBarrierSession (same CTA index on all
+//                            ranks), so when the put grid has finished every peer's shard has landed here; the
+//                            remote GEMMs wait for the put grid (stream order or the join event)
+//   kIssuer     kThread / kWarp / kCta: the unit that owns a piece of a chunk, stores it (thread: a contiguous
+//                            run per thread; warp/CTA: coalesced, lane-strided) and reports its arrival
+//   kChunks     1, 2, 4, 8: pipeline depth (more chunks: earlier first GEMM, more and smaller GEMMs)
+//
+// Signalling protocol (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores
+// `epoch` (cuco_signal) and the consumer waits for `>= epoch` (cuco_wait), so flags are never reset. Pieces
+// of a (chunk, peer) are counted in a local arrival counter that only ever grows: the unit that brings it to a
+// multiple of the piece count is the last one and raises the peer's flag.
+//
+// Reuse of xg across steps relies on the harness: every step ends with a synchronise and a host + device
+// barrier before the next, so no rank pushes step e+1 data while a peer still reads step e's xg.
+// At world size 1 nothing is communicated: a step is one cuBLAS GEMM on x.
+//
+// Build: nvcc ... (nccl backend, links NCCL and cuBLAS) or with -DCUCO_BUILD_SYMM=1 (lsa_compat.h over the
+// harness's peer tables: 2-4 ranks sharing one GPU run the same kernels). Row-major GEMM through cuBLAS's
+// column-major API: Y^T = W^T Xg^T, see seed_nccl.cu.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cuda/atomic>
+
+#include "cuco_lsa.h"
+
+namespace {
+
+enum class Placement { kSequential, kTwoStream, kPersistent };
+enum class Sync { kBarrier, kChunkFlags };
+enum class Issuer { kThread, kWarp, kCta };
+
+// EVOLVE-BLOCK-START knobs
+constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream, Placement::kPersistent}
+constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}
+constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kThread, Issuer::kWarp, Issuer::kCta}
+constexpr int kChunks = 4;  // knob: {1, 2, 4, 8}
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 512;           // threads per put CTA
+constexpr int kLoadBatch = 4;              // 16-byte loads each thread keeps in flight before storing them
+constexpr int kThreadPieceVecs = 64;       // kThread: 1 KiB contiguous per thread-owned piece
+constexpr int kWarpVecsPerLane = 8;        // kWarp: 32 lanes x 8 x 16 B = 4 KiB per piece
+constexpr int kCtaVecsPerThread = 4;       // kCta: 512 threads x 4 x 16 B = 32 KiB per piece
+constexpr int kPersistentSmPercent = 12;   // kPersistent: share of the SMs the put kernel may hold
+constexpr int kWaitThreads = 32;           // threads of a wait kernel (one flag each, strided)
+// EVOLVE-BLOCK-END
+
+constexpr int kBf16Bytes = 2;
+constexpr int kVecBytes = 16;  // one uint4: 8 bf16
+constexpr int kWarpSize = 32;
+
+#define GA_TRY(call)                     \
+  do {                                   \
+    const int ga_rc_ = (call);           \
+    if (ga_rc_ != CUCO_OK) return ga_rc_; \
+  } while (0)
+
+// Threads in one issuing unit and elements (16-byte vectors) of the piece it owns.
+template <Issuer I>
+__host__ __device__ constexpr int unit_threads() {
+  return I == Issuer::kThread ? 1 : I == Issuer::kWarp ? kWarpSize : kPutThreads;
+}
+template <Issuer I>
+__host__ __device__ constexpr size_t piece_vecs() {
+  return I == Issuer::kThread ? (size_t)kThreadPieceVecs
+         : I == Issuer::kWarp ? (size_t)kWarpSize * kWarpVecsPerLane
+                              : (size_t)kPutThreads * kCtaVecsPerThread;
+}
+
+// Everything a put launch needs, passed by value.
+struct PutArgs {
+  const uint4* x;                   // this rank's shard as 16-byte vectors
+  ncclWindow_t xg;                  // the "xg" window: ncclGetLsaPointer(xg, off, p) is p's xg + off
+  uint64_t* const* flag_peers;      // device table: every rank's flag words
+  unsigned long long* arrivals;     // local, [chunk][peer]: pieces stored so far, ever growing
+  ncclDevComm dc;                   // for the LSA barrier (kSync == kBarrier)
+  size_t chunk_vecs;                // 16-byte vectors per chunk (Rc * K / 8)
+  size_t own_rows_offset;           // bytes from xg's start to this rank's rows (rank * Mr * K * 2)
+  int rank, world;
+  int chunk_begin, chunk_end;       // chunks this launch puts
+  unsigned long long pieces;        // pieces per (chunk, peer)
+  uint64_t epoch;
+};
+
+struct State {
+  int M, Nr, K, rank, world, rows_per_rank, chunk_rows;
+  const __nv_bfloat16* x;
+  const __nv_bfloat16* w;
+  __nv_bfloat16* y;
+  const __nv_bfloat16* xg;          // local gathered X (read by the GEMMs)
+  const uint64_t* my_flags;         // this rank's first candidate flag word
+  PutArgs put;                      // per-step fields (chunk range, epoch) are set at launch
+  bool dc_made;
+  cudaStream_t side;
+  cudaEvent_t fork, join;
+  int grid_all;                     // CTAs of a put launch over all chunks
+  int grid_chunk;                   // CTAs of a put launch over one chunk
+  int grid_persistent;              // CTAs of the persistent put kernel
+  int barrier_count;                // LSA barriers requested (>= every grid that ends in a barrier)
+};
+
+bool tensor_ok(const cuco_tensor_t* t, int64_t rows, int64_t cols) {
+  return t != nullptr && t->dtype == CUCO_DTYPE_BF16 && t->ndim == 2 && t->shape[0] == rows &&
+         t->shape[1] == cols && t->local != nullptr &&
+         t->capacity_bytes >= (size_t)rows * (size_t)cols * kBf16Bytes;
+}
+
+// Y rows [row0, row0 + rows) = A (rows x K, row-major) @ w, on the handle's stream.
+int gemm_rows(cublasHandle_t h, const State& s, const __nv_bfloat16* a, int row0, int rows) {
+  const float one = 1.0f, zero = 0.0f;
+  cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, s.Nr, rows, s.K, &one, s.w, CUDA_R_16BF, s.Nr,
+                                   a, CUDA_R_16BF, s.K, &zero, s.y + (size_t)row0 * s.Nr, CUDA_R_16BF, s.Nr,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  return st == CUBLAS_STATUS_SUCCESS ? CUCO_OK : CUCO_ERR_CUBLAS;
+}
+
+int cuda_ok(cudaError_t e) { return e == cudaSuccess ? CUCO_OK : CUCO_ERR_CUDA; }
+
+// EVOLVE-BLOCK-START put_kernel
+// Copy vectors [v0, v1) of src to dst: this thread takes v0 + lane, + stride, ... with kLoadBatch loads in
+// flight. stride 1 (kThread) walks a contiguous run; stride 32 / blockDim (kWarp / kCta) coalesces.
+__device__ __forceinline__ void copy_piece(uint4* dst, const uint4* src, size_t v0, size_t v1, int lane,
+                                           int stride) {
+  for (size_t base = v0 + lane; base < v1; base += (size_t)stride * kLoadBatch) {
+    uint4 buf[kLoadBatch];
+#pragma unroll
+    for (int k = 0; k < kLoadBatch; ++k) {
+      const size_t v = base + (size_t)k * stride;
+      if (v < v1) buf[k] = __ldg(src + v);
+    }
+#pragma unroll
+    for (int k = 0; k < kLoadBatch; ++k) {
+      const size_t v = base + (size_t)k * stride;
+      if (v < v1) dst[v] = buf[k];
+    }
+  }
+}
+
+// Order the whole unit's stores before its leader's release (NCCL's pattern: coop.sync, then one release).
+template <Issuer I>
+__device__ __forceinline__ void unit_sync() {
+  if constexpr (I == Issuer::kWarp) __syncwarp();
+  if constexpr (I == Issuer::kCta) __syncthreads();
+}
+
+// Work items are (chunk, piece, peer), chunk-major so chunks complete in order, peer fastest so every peer
+// receives chunk c at the same time. Each item is owned by one unit. With kChunkFlags the unit's leader bumps
+// the (chunk, peer) arrival counter (acq_rel, system scope: it carries the unit's stores along) and the
+// leader that completes the count raises the peer's (source = rank, chunk) flag. With kFinalBarrier every CTA
+// then joins LSA barrier blockIdx.x: it returns once the same CTA of every peer has stored its share.
+template <Issuer I, Sync S, bool kFinalBarrier>
+__global__ void __launch_bounds__(kPutThreads) put_kernel(PutArgs a) {
+  constexpr int kUnitThreads = unit_threads<I>();
+  constexpr int kUnitsPerCta = kPutThreads / kUnitThreads;
+  constexpr size_t kPieceVecs = piece_vecs<I>();
+  const int lane = (int)(threadIdx.x % kUnitThreads);
+  const size_t unit = (size_t)blockIdx.x * kUnitsPerCta + threadIdx.x / kUnitThreads;
+  const size_t n_units = (size_t)gridDim.x * kUnitsPerCta;
+  const size_t peers = (size_t)(a.world - 1);
+  const size_t per_chunk = peers * a.pieces;
+  const size_t items = (size_t)(a.chunk_end - a.chunk_begin) * per_chunk;
+  for (size_t item = unit; item < items; item += n_units) {
+    const int c = a.chunk_begin + (int)(item / per_chunk);
+    const size_t rem = item % per_chunk;
+    const size_t piece = rem / peers;
+    const int peer = (a.rank + 1 + (int)(rem % peers)) % a.world;
+    const size_t v0 = piece * kPieceVecs;
+    const size_t v1 = v0 + kPieceVecs < a.chunk_vecs ? v0 + kPieceVecs : a.chunk_vecs;
+    const uint4* src = a.x + (size_t)c * a.chunk_vecs;
+    uint4* dst = (uint4*)ncclGetLsaPointer(a.xg, a.own_rows_offset + (size_t)c * a.chunk_vecs * kVecBytes, peer);
+    copy_piece(dst, src, v0, v1, lane, kUnitThreads);
+    if constexpr (S == Sync::kChunkFlags) {
+      unit_sync<I>();
+      if (lane == 0) {
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> arrived(
+            a.arrivals[(size_t)c * a.world + peer]);
+        const unsigned long long before = arrived.fetch_add(1ull, cuda::memory_order_acq_rel);
+        if ((before + 1) % a.pieces == 0)
+          cuco_signal(cuco_user_flag(a.flag_peers, peer, (size_t)a.rank * kChunks + c), a.epoch);
+      }
+    }
+  }
+  if constexpr (kFinalBarrier) {
+    ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), a.dc, ncclTeamTagLsa(), blockIdx.x);
+    bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  }
+}
+
+// Spin until flags[i] >= epoch for every i in [0, n) outside [skip_begin, skip_end) (our own chunks).
+__global__ void wait_kernel(const uint64_t* flags, int n, int skip_begin, int skip_end, uint64_t epoch) {
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    if (i < skip_begin || i >= skip_end) cuco_wait(flags + i, epoch);
+}
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START launch_shape
+// CTAs for a launch of `items` work items, capped at what can be resident at once: with kBarrier every CTA
+// spins in the barrier until its peers' twins arrive, so the put grids of all ranks sharing a GPU (symm) must
+// fit on it together, or a resident CTA could wait forever for a twin that never gets an SM.
+int plan_grids(const cuco_ctx_t* ctx, State& s) {
+  int occupancy = 0;
+  GA_TRY(cuda_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &occupancy, put_kernel<kIssuer, kSync, kSync == Sync::kBarrier>, kPutThreads, 0)));
+  int sms = ctx->sm_count;
+  if (sms <= 0) GA_TRY(cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
+  const int sharing = ctx->backend == CUCO_BACKEND_SYMM ? s.world : 1;  // ranks on this GPU
+  const long long resident = std::max(1LL, (long long)sms * occupancy / sharing);
+  const long long units_per_cta = kPutThreads / unit_threads<kIssuer>();
+  const long long chunk_items = (long long)(s.world - 1) * (long long)s.put.pieces;
+  auto ctas = [&](long long items) {
+    return (int)std::max(1LL, std::min(resident, (items + units_per_cta - 1) / units_per_cta));
+  };
+  s.grid_all = ctas(chunk_items * kChunks);
+  s.grid_chunk = ctas(chunk_items);
+  const long long persistent = std::max(1LL, (long long)sms * kPersistentSmPercent / 100 / sharing);
+  s.grid_persistent = std::min(ctas(chunk_items * kChunks), (int)std::min(persistent, resident));
+  int barrier_grid = s.grid_all;
+  if constexpr (kPlacement == Placement::kTwoStream) barrier_grid = s.grid_chunk;
+  if constexpr (kPlacement == Placement::kPersistent) barrier_grid = s.grid_persistent;
+  // Flags need no barrier, but a devComm with one keeps setup identical across variants.
+  s.barrier_count = kSync == Sync::kBarrier ? barrier_grid : 1;
+  return CUCO_OK;
+}
+// EVOLVE-BLOCK-END
+
+// Release everything setup made (also after a failed setup).
+void release(cuco_ctx_t* ctx, State* s) {
+  if (s == nullptr) return;
+  if (s->join) cudaEventDestroy(s->join);
+  if (s->fork) cudaEventDestroy(s->fork);
+  if (s->side) cudaStreamDestroy(s->side);
+  if (s->put.arrivals) cudaFree(s->put.arrivals);
+  if (s->dc_made) cuco_devcomm_destroy(ctx, &s->put.dc);
+  delete s;
+}
+
+// EVOLVE-BLOCK-START schedule
+// One put launch over chunks [c0, c1) on `stream`, ending in the LSA barrier when `final_barrier`.
+int launch_puts(State& s, cudaStream_t stream, int c0, int c1, int grid, bool final_barrier, uint64_t epoch) {
+  PutArgs a = s.put;
+  a.chunk_begin = c0;
+  a.chunk_end = c1;
+  a.epoch = epoch;
+  // (With kChunkFlags both branches are the same kernel: callers never ask for a barrier then.)
+  if (final_barrier)
+    put_kernel<kIssuer, kSync, kSync == Sync::kBarrier><<<grid, kPutThreads, 0, stream>>>(a);
+  else
+    put_kernel<kIssuer, kSync, false><<<grid, kPutThreads, 0, stream>>>(a);
+  return cuda_ok(cudaGetLastError());
+}
+
+int launch_wait(const uint64_t* flags, int n, int skip_begin, int skip_end, uint64_t epoch, cudaStream_t stream) {
+  wait_kernel<<<1, kWaitThreads, 0, stream>>>(flags, n, skip_begin, skip_end, epoch);
+  return cuda_ok(cudaGetLastError());
+}
+
+// GEMM the rows of every other rank (at most two contiguous ranges around our own shard), from xg.
+int gemm_remote_rows(cublasHandle_t h, const State& s) {
+  const int own0 = s.rank * s.rows_per_rank, own1 = own0 + s.rows_per_rank;
+  if (own0 > 0) GA_TRY(gemm_rows(h, s, s.xg, 0, own0));
+  if (own1 < s.M) GA_TRY(gemm_rows(h, s, s.xg + (size_t)own1 * s.K, own1, s.M - own1));
+  return CUCO_OK;
+}
+
+int schedule(cuco_ctx_t* ctx, State& s) {
+  cublasHandle_t h = (cublasHandle_t)ctx->cublas;
+  if (cublasSetStream(h, ctx->stream) != CUBLAS_STATUS_SUCCESS) return CUCO_ERR_CUBLAS;
+  const int own_row0 = s.rank * s.rows_per_rank;
+  if (s.world == 1) return gemm_rows(h, s, s.x, own_row0, s.rows_per_rank);  // nothing to gather
+  const uint64_t epoch = ctx->epoch;
+  const int n_flags = s.world * kChunks;
+
+  if constexpr (kPlacement == Placement::kSequential) {
+    GA_TRY(launch_puts(s, ctx->stream, 0, kChunks, s.grid_all, kSync == Sync::kBarrier, epoch));
+    GA_TRY(gemm_rows(h, s, s.x, own_row0, s.rows_per_rank));
+    if constexpr (kSync == Sync::kChunkFlags)
+      GA_TRY(launch_wait(s.my_flags, n_flags, s.rank * kChunks, (s.rank + 1) * kChunks, epoch, ctx->stream));
+    return gemm_remote_rows(h, s);
+  } else {
+    // Fork: the puts read this step's x, which the harness filled on ctx->stream.
+    GA_TRY(cuda_ok(cudaEventRecord(s.fork, ctx->stream)));
+    GA_TRY(cuda_ok(cudaStreamWaitEvent(s.side, s.fork, 0)));
+    if constexpr (kPlacement == Placement::kTwoStream) {
+      for (int c = 0; c < kChunks; ++c)
+        GA_TRY(launch_puts(s, s.side, c, c + 1, s.grid_chunk, kSync == Sync::kBarrier && c == kChunks - 1, epoch));
+    } else {
+      GA_TRY(launch_puts(s, s.side, 0, kChunks, s.grid_persistent, kSync == Sync::kBarrier, epoch));
+    }
+    GA_TRY(cuda_ok(cudaEventRecord(s.join, s.side)));
+    // The local shard needs no wait: GEMM it while the peers' chunks travel.
+    GA_TRY(gemm_rows(h, s, s.x, own_row0, s.rows_per_rank));
+    if constexpr (kSync == Sync::kBarrier) {
+      GA_TRY(cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0)));  // barrier passed: all shards landed
+      return gemm_remote_rows(h, s);
+    } else {
+      for (int c = 0; c < kChunks; ++c) {
+        for (int j = 0; j < s.world - 1; ++j) {
+          const int src = (s.rank - 1 - j + s.world) % s.world;
+          const int row0 = src * s.rows_per_rank + c * s.chunk_rows;
+          GA_TRY(launch_wait(s.my_flags + (size_t)src * kChunks + c, 1, 0, 0, epoch, ctx->stream));
+          GA_TRY(gemm_rows(h, s, s.xg + (size_t)row0 * s.K, row0, s.chunk_rows));
+        }
+      }
+      return cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0));  // rejoin the side stream
+    }
+  }
+}
+// EVOLVE-BLOCK-END
+
+}  // namespace
+
+CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
+  const int64_t M = cuco_param(ctx, "M"), K = cuco_param(ctx, "K");
+  if (max_req < 1 || M <= 0 || K <= 0) return 0;  // setup then reports CUCO_ERR_PARAM
+  memset(&req[0], 0, sizeof(req[0]));
+  strncpy(req[0].name, "xg", CUCO_NAME_LEN - 1);
+  req[0].bytes = (size_t)M * (size_t)K * kBf16Bytes;
+  return 1;
+}
+
+CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
+  CUCO_CHECK_ABI(ctx);
+  if (ctx->backend != cuco_build_backend) return CUCO_ERR_BACKEND;  // built for the other backend
+  if (ctx->cublas == nullptr) return CUCO_ERR_PARAM;
+  const int64_t M = cuco_param(ctx, "M"), N = cuco_param(ctx, "N"), K = cuco_param(ctx, "K");
+  const int W = ctx->world_size;
+  // Shards split into kChunks whole chunks of whole 16-byte vectors.
+  if (M <= 0 || N <= 0 || K <= 0 || W < 1 || N % W != 0 || M % ((int64_t)W * kChunks) != 0 ||
+      (K * kBf16Bytes) % kVecBytes != 0)
+    return CUCO_ERR_PARAM;
+  if (W > 1 && ctx->flags.count < CUCO_FLAGS_RESERVED + (size_t)W * kChunks)
+    return CUCO_ERR_PARAM;  // not enough candidate flag words for one per (source, chunk)
+  cuco_tensor_t* x = cuco_tensor(ctx, "x");
+  cuco_tensor_t* w = cuco_tensor(ctx, "w");
+  cuco_tensor_t* y = cuco_tensor(ctx, "y");
+  cuco_tensor_t* xg = cuco_scratch(ctx, "xg");
+  if (!tensor_ok(x, M / W, K) || !tensor_ok(w, K, N / W) || !tensor_ok(y, M, N / W)) return CUCO_ERR_PARAM;
+  if (xg == nullptr || xg->local == nullptr || xg->capacity_bytes < (size_t)M * (size_t)K * kBf16Bytes)
+    return CUCO_ERR_PARAM;
+  if (W > 1 && (cuco_window(xg) == nullptr || ctx->flags.peers == nullptr || ctx->flags.local == nullptr))
+    return CUCO_ERR_BACKEND;  // pushing needs the peers' windows and flags
+
+  State* s = new State();
+  ctx->user = s;
+  s->M = (int)M;
+  s->Nr = (int)(N / W);
+  s->K = (int)K;
+  s->rank = ctx->rank;
+  s->world = W;
+  s->rows_per_rank = (int)(M / W);
+  s->chunk_rows = s->rows_per_rank / kChunks;
+  s->x = (const __nv_bfloat16*)x->local;
+  s->w = (const __nv_bfloat16*)w->local;
+  s->y = (__nv_bfloat16*)y->local;
+  s->xg = (const __nv_bfloat16*)xg->local;
+  s->my_flags = ctx->flags.local == nullptr ? nullptr : ctx->flags.local + CUCO_FLAGS_RESERVED;
+
+  PutArgs& a = s->put;
+  a.x = (const uint4*)x->local;
+  a.xg = cuco_window(xg);
+  a.flag_peers = ctx->flags.peers;
+  a.chunk_vecs = (size_t)s->chunk_rows * (size_t)K * kBf16Bytes / kVecBytes;
+  a.own_rows_offset = (size_t)s->rank * s->rows_per_rank * (size_t)K * kBf16Bytes;
+  a.rank = s->rank;
+  a.world = W;
+  a.pieces = (a.chunk_vecs + piece_vecs<kIssuer>() - 1) / piece_vecs<kIssuer>();
+
+  int rc = plan_grids(ctx, *s);
+  if (rc == CUCO_OK) rc = cuco_devcomm_create(ctx, s->barrier_count, &a.dc);
+  if (rc == CUCO_OK) {
+    s->dc_made = true;
+    // Push needs one LSA team spanning the world (one NVLink domain); world rank q is then LSA rank q.
+    if (a.dc.lsaSize != W || a.dc.lsaRank != s->rank) rc = CUCO_ERR_BACKEND;
+  }
+  if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
+  // The side stream gets the highest priority so put CTAs are scheduled ahead of queued GEMM CTAs.
+  int lowest = 0, highest = 0;
+  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, highest));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
+  if (rc != CUCO_OK) {
+    release(ctx, s);
+    ctx->user = nullptr;
+  }
+  return rc;
+}
+
+CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
+  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
+  return schedule(ctx, *(State*)ctx->user);
+}
+
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
+  release(ctx, (State*)ctx->user);
+  ctx->user = nullptr;
+  return CUCO_OK;
+}

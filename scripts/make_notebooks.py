@@ -1,0 +1,575 @@
+"""Generates notebooks/*.ipynb from the cell texts below (nbformat v4), so notebook changes are reviewed as
+Python diffs. The notebooks are committed WITHOUT outputs; run this after editing a cell here:
+
+    .venv/bin/python scripts/make_notebooks.py          # writes notebooks/*.ipynb
+    .venv/bin/python scripts/make_notebooks.py --check  # exits 1 when a committed notebook differs
+
+Rules every notebook keeps: the first cell says what it shows, the last what to do next; logic lives in the
+packages (cuco_kit.notebook_support, cuco_kit.report, cuco_kit.widgets); nothing waits for a click; under
+CUCO_SMOKE=1 it runs headless in CI with tiny budgets and ends with nothing left running.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "notebooks"
+
+KERNEL = {"display_name": "Python 3 (cuco-kit)", "language": "python", "name": "python3"}
+
+
+def md(text: str) -> nbformat.NotebookNode:
+    return new_markdown_cell(text.strip("\n"))
+
+
+def code(text: str) -> nbformat.NotebookNode:
+    return new_code_cell(text.strip("\n"))
+
+
+SETUP = """
+from IPython.display import display
+from cuco_kit import notebook_support as ns, report
+"""
+
+# ------------------------------------------------------------------------------------------------------------
+QUICKSTART = [
+    md("""
+# Quickstart: a compute-communication co-design search in five minutes
+
+This notebook **shows** what cuco-kit does on its main sample, tensor-parallel **GEMM + AllGather**
+(`Y_r = AllGather(X) @ W_r`): the host-driven seed (`ncclAllGather`, then cuBLAS), what the communication
+analysis finds in it, and a search over the device-initiated baseline's design space drawn as a lineage tree, a
+latency curve and a design-space map.
+
+Where the numbers come from is always on screen, as a badge on every view:
+
+* **real**: measured on this machine's GPU;
+* **replayed (GPU, date)**: real measurements from the recorded run committed under `benchmarks/search/`,
+  shown when this machine has no GPU;
+* **SIMULATED**: a made-up landscape, used only while no recorded run exists yet. It demonstrates the flow and
+  says nothing about any kernel.
+
+Run the cells from the top (Shift+Enter). Nothing here needs a GPU.
+"""),
+    code(SETUP + """
+from cuco_kit.analysis import analyze_file
+from cuco_kit.widgets import AnalysisView, DesignSpaceMap, LatencyPlot, LineageTree, RunDashboard
+from cuco_kit.workload import load_workload
+
+SAMPLE = ns.main_sample()
+workload = load_workload(SAMPLE)
+print(workload.name, "-", workload.description)
+choice = ns.pick_evaluator()
+choice
+"""),
+    md("""
+## 1. The seed and its communication
+
+The seed is a normal host program: an `ncclAllGather` on the harness stream, then the GEMM. The analysis
+(tree-sitter over the CUDA source) lists the collectives, launches, kernels and buffers, and draws which call
+waits for which buffer. The fast path (notebook `01_fast_path`) rewrites exactly these host collectives into
+device-initiated code.
+"""),
+    code("""
+AnalysisView(analyze_file(workload.seed_for("nccl")))
+"""),
+    md("""
+## 2. A search over the design space
+
+The device-initiated baseline has a *knob block*: chunk count, placement (sequential, two-stream, fused),
+synchronisation scope and issuer granularity. The search proposes knob moves (offline, with Optuna) and, with
+an LLM configured, code diffs; each candidate is checked (L0), built (L1), verified against a torch reference
+(L2) and timed against the seed measured in the same run (L3).
+
+The next cell opens the recorded real run if one is committed; otherwise it starts a small SIMULATED search in
+the background (the cell returns at once) and the dashboard below follows it live.
+"""),
+    code("""
+store, recorded = ns.open_recorded()
+engine = None
+if recorded is not None:
+    display(ns.banner(f"recorded real run: {recorded.evaluations} evaluations of {recorded.workload} on "
+                      f"{recorded.detail} ({recorded.path.name}); nothing runs now", "replayed"))
+    run_id = recorded.run_id
+else:
+    display(ns.banner("No recorded real run exists yet under benchmarks/search/. Below is a SIMULATED demo "
+                      "search: made-up numbers from a synthetic landscape, not measurements.", "simulated"))
+    demo = ns.simulated_evaluator()
+    engine, store = ns.new_search(SAMPLE, demo.evaluator, db=ns.run_db("00_quickstart"), gate="auto",
+                                  generations=3 if ns.smoke() else 8, world_size=2, backend="symm")
+    ns.start_search(engine)
+    run_id = engine.run_id
+"""),
+    code("""
+if engine is not None:
+    dashboard = RunDashboard(engine)
+    display(dashboard)
+else:
+    display(LineageTree(store, run_id), LatencyPlot(store, run_id), DesignSpaceMap(store, run_id))
+"""),
+    md("""
+## 3. What won
+
+`cuco_kit.report` turns the run into pandas tables: one row per evaluation, the best per design-space cell,
+and what failed and why. (The demo search runs for a few seconds; the next cell waits for it to finish.)
+"""),
+    code("""
+if engine is not None:
+    print(ns.end_search(engine, close=[dashboard]))
+frame = report.run_frame(store, run_id)
+display(ns.what_won(store, run_id).banner)
+report.cell_table(frame).head(8)
+"""),
+    code("""
+report.failure_table(frame)
+"""),
+    code("""
+store.close()
+choice.close()
+"""),
+    md("""
+## Next
+
+* `01_fast_path`: step through the host-to-device rewrite (analyse, Stage A, Stage B, annotate), reviewing each
+  LLM attempt as a side-by-side diff.
+* `02_search`: run a live search yourself and approve, edit or reject every proposal before it is evaluated.
+* `03_multi_gpu_eval`: evaluate one kernel on 1, 2 or 4 ranks, on both backends, across sizes.
+* `04_run_analysis`: dig into a finished run with pandas; `05_teaching`: why chunking and overlap pay off.
+* On a machine with NVIDIA GPUs the same notebooks measure for real: the badges then read **real**.
+"""),
+]
+
+# ------------------------------------------------------------------------------------------------------------
+FAST_PATH = [
+    md("""
+# The fast path: from host collectives to device-initiated communication
+
+This notebook **shows** the fast path step by step on the GEMM + AllGather seed:
+
+1. **analyse** the host-side communication;
+2. **Stage A**: add the device-side infrastructure (devComm, scratch windows) while the host collectives stay;
+3. **Stage B**: replace the host collectives with device-initiated NCCL (LSA) code;
+4. **annotate**: mark the mutable regions with EVOLVE blocks and the knob block for the search.
+
+Each step is an LLM rewrite -> build -> run -> judge loop; every attempt is shown as a side-by-side diff that
+you can approve, reject or edit. Under `CUCO_SMOKE=1` (CI) the LLM is a local fake server answering with
+recorded **fixture** answers, said so on screen; otherwise set `OPENAI_API_KEY` (and optionally
+`OPENAI_BASE_URL`, `CUCO_MODEL`) for a real model.
+"""),
+    code(SETUP + """
+from cuco_kit import blocks
+from cuco_kit.widgets import AnalysisView, DiffReview, LedgerView
+
+SAMPLE = ns.main_sample()
+choice = ns.pick_evaluator()
+fp, llm_note = ns.fast_path(SAMPLE, choice)
+display(choice, llm_note)
+"""),
+    md("""
+## 1. Analyse
+
+What the seed communicates, on which streams, and which buffers each call reads and writes.
+"""),
+    code("""
+analysis = fp.analyse()
+AnalysisView(analysis)
+"""),
+    md("""
+## 2. Stage A: device-side infrastructure, host collectives kept
+
+The model adds the devComm and the scratch windows through the runtime helpers. Each attempt is built and
+judged; the review below shows the diff of every attempt against its input. Approve the one to keep (in a
+headless run the kit approves the judged-correct one).
+"""),
+    code("""
+stage_a = fp.stage_a()
+ns.review_attempts(fp, stage_a, DiffReview)
+"""),
+    md("""
+## 3. Stage B: device-initiated communication
+
+The host collective becomes LSA stores into the peers' windows with flags the consumer waits on.
+"""),
+    code("""
+stage_b = fp.stage_b()
+ns.review_attempts(fp, stage_b, DiffReview)
+"""),
+    md("""
+## 4. Annotate: EVOLVE blocks and the knob block
+
+Accepted only if removing the markers gives back the code byte for byte.
+"""),
+    code("""
+annotated = fp.annotate()
+ns.review_attempts(fp, annotated, DiffReview)
+"""),
+    md("""
+## What the LLM cost
+
+Every call is in the ledger: tokens, dollars (fixture answers cost nothing) and failures.
+"""),
+    code("""
+display(LedgerView(fp.store, fp.run_id))
+print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
+      ", ".join(b.name for b in blocks.blocks(fp.current_code)))
+ns.cleanup()
+fp.store.close()
+choice.close()
+"""),
+    md("""
+## Next
+
+* Save the annotated kernel (`fp.current_code`) next to the sample and give it to the search in `02_search`.
+* Edit a rejected attempt in its review box: the edit becomes your own proposal.
+* `03_multi_gpu_eval` evaluates the result on several ranks and backends.
+"""),
+]
+
+# ------------------------------------------------------------------------------------------------------------
+SEARCH = [
+    md("""
+# A live search with manual approval
+
+This notebook **shows** the slow path: an evolutionary search over the GEMM + AllGather design space that you
+steer. Every proposal (an offline knob move, or an LLM diff when a model is configured) stops at the
+**approval queue** as a side-by-side diff: **Approve** sends it to evaluation, **Reject** drops it, **Edit**
+lets you change the code first (your edit becomes a human proposal). The lineage tree, latency curve and
+design-space map update about once a second while the search runs in a background thread; no cell waits for
+your clicks. Pause, Resume and Stop are on the dashboard.
+
+The evaluator is chosen for this machine and named below: a GPU when present, else the recorded real run
+(replayed), else the SIMULATED landscape, labelled. Under `CUCO_SMOKE=1` the budget is tiny and, with nobody
+to click, the notebook approves automatically once the dashboard is shown.
+"""),
+    code(SETUP + """
+from cuco_kit.widgets import RunDashboard
+from cuco_kit.workload import load_workload
+
+SAMPLE = ns.main_sample()
+choice = ns.pick_evaluator()
+choice
+"""),
+    md("""
+## Set up the search
+
+Two ranks on the `symm` backend (ranks share one GPU) at the small sizes, so it also works on a one-GPU machine.
+When replaying the recorded run, its own settings are used so the same proposals come back.
+"""),
+    code("""
+SMOKE = ns.smoke()
+engine, store = ns.new_search(
+    SAMPLE, choice.evaluator, db=ns.run_db("02_search"), gate="manual",
+    generations=2 if SMOKE else 20, proposals_per_generation=2 if SMOKE else 4,
+    world_size=2, backend="symm", params=load_workload(SAMPLE).size_presets["small"],
+    iters=5 if SMOKE else 20, config=ns.replay_config(choice))
+ns.start_search(engine)
+dashboard = RunDashboard(engine)
+dashboard
+"""),
+    code("""
+# Nobody clicks in a headless smoke run: approve everything from here on (a person never needs this cell).
+if ns.auto_approve():
+    engine.gate.set_mode("auto")
+"""),
+    md("""
+## Your own edit
+
+To try an idea yourself, queue an edit of any program in the run (its id is in the lineage tree's hover):
+
+```python
+engine.submit_human(parent_id, code=edited_source, name="my idea", rationale="why it should be faster")
+```
+
+It goes through the same queue, checks and evaluation as every other proposal.
+"""),
+    md("""
+## Ending the run
+
+In a headless run this waits for the budget and then stops the engine and joins its thread. In an interactive
+session the search keeps running until you press **Stop** on the dashboard.
+"""),
+    code("""
+print(ns.end_search(engine, close=[dashboard, store, choice]))
+"""),
+    md("""
+## Next
+
+* Press **Stop** when you are done; the run is in `runs/` and resumes from there with the same settings.
+* Open it in `04_run_analysis` to see, with pandas, what won and what failed and why.
+* Configure an LLM (`OPENAI_API_KEY`) and pass `llm=` to `ns.new_search` to add diff, rewrite and crossover
+  proposals next to the offline ones.
+"""),
+]
+
+# ------------------------------------------------------------------------------------------------------------
+MULTI_GPU = [
+    md("""
+# Evaluating a kernel on several ranks
+
+This notebook **shows** how to evaluate one kernel the way the search does, from a cell that returns at once:
+pick the candidate, the number of ranks, the backend (`nccl`: one GPU per rank, NCCL device API; `symm`: ranks
+sharing one GPU through symmetric memory) and the sizes, press **Evaluate**, and watch the cascade level and
+per-rank progress; results collect in a pandas table. Then a size sweep, and a kernel timeline: what overlapped
+with what.
+
+`symm` numbers say nothing about NVLink (ranks share one L2 and one clock); they check correctness at 2-4 ranks
+on one GPU. The evaluator in use, and so the meaning of every number, is named below.
+"""),
+    code(SETUP + """
+from cuco_kit.widgets import EvalCell, TimelineView
+
+SAMPLE = ns.main_sample()
+choice = ns.pick_evaluator()
+choice
+"""),
+    code("""
+cell = EvalCell(choice.evaluator, SAMPLE, ranks=(1, 2, 4), backends=("nccl", "symm"))
+cell
+"""),
+    code("""
+# Headless smoke run: press Evaluate for the reader (2 ranks, symm, small sizes) and wait for the result.
+if ns.smoke():
+    cell.candidate.value = "device_lsa.cu"
+    cell.ranks.value, cell.backend.value, cell.preset.value = 2, "symm", "small"
+    cell.run()
+    cell.join(120)
+cell.frame()
+"""),
+    md("""
+## A size sweep
+
+The same kernel at several sizes, one evaluation after another (this cell blocks while it runs: seconds on
+the simulator or a replay, minutes on a GPU). The SIMULATED landscape ignores sizes, so under that badge the
+rows only show the mechanics.
+"""),
+    code("""
+presets = ["small"] if ns.smoke() else ["small", "4096", "8192"]
+ns.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=2, backend="symm",
+         iters=5 if ns.smoke() else 20)
+"""),
+    md("""
+## Timelines
+
+A per-rank, per-stream kernel Gantt of one evaluated candidate (recorded with `torch.profiler` on a GPU).
+When no measured timeline is committed, the cell says so and draws the *model* schedule of a 4-chunk pipeline
+instead, badged as a model.
+"""),
+    code("""
+timelines = ns.recorded_timelines()
+if timelines:
+    t = timelines[-1]
+    display(TimelineView(t["events"], badge=t.get("badge", "real"), detail=t.get("detail", "")))
+else:
+    print("No measured kernel timeline is committed yet (benchmarks/**/timeline*.json); on a GPU machine the "
+          "evaluator records one. Below: the model schedule, not a measurement.")
+    display(TimelineView(ns.model_schedule(compute=1.0, comm=1.0, chunks=4, ranks=2), badge="model",
+                         detail="formula schedule, not measured"))
+"""),
+    code("""
+cell.close()
+choice.close()
+"""),
+    md("""
+## Next
+
+* Evaluate your own kernel: `EvalCell(choice.evaluator, SAMPLE, candidates={"mine.cu": source})`.
+* On a multi-GPU machine choose the `nccl` backend with 2, 4 or 8 ranks for NVLink numbers.
+* `02_search` evaluates whole populations like this; `05_teaching` explains what the timeline shows.
+"""),
+]
+
+# ------------------------------------------------------------------------------------------------------------
+ANALYSIS = [
+    md("""
+# Analysing a finished run with pandas
+
+This notebook **shows** how to read a finished search: which program won and by how much, what its knobs
+changed, the best latency per design-space cell, and what failed, at which level and why (log tails included).
+It opens the recorded real run committed under `benchmarks/search/`; while none exists it runs a small
+SIMULATED search first and says so. Every table comes from `cuco_kit.report`, so the same analysis works on
+any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
+"""),
+    code(SETUP + """
+from IPython.display import HTML
+from cuco_kit.widgets import LatencyPlot, side_by_side_html
+
+SAMPLE = ns.main_sample()
+store, run_id, note = ns.finished_run(SAMPLE, generations=3 if ns.smoke() else 10)
+note
+"""),
+    code("""
+frame = report.run_frame(store, run_id)
+print(len(frame), "evaluations of", frame["program_id"].nunique(), "programs")
+frame[["evaluation_id", "program_id", "name", "source", "cell", "level_reached", "verdict", "median_ms",
+       "speedup", "badge"]].head(15)
+"""),
+    md("""
+## What won
+"""),
+    code("""
+won = ns.what_won(store, run_id)
+display(won.banner)
+won.knobs
+"""),
+    code("""
+# The winner's code against the baseline it descends from (only the knob block should differ for offline moves)
+HTML(side_by_side_html(won.baseline["code"], won.program["code"])) if won.program else None
+"""),
+    code("""
+LatencyPlot(store, run_id)
+"""),
+    code("""
+report.cell_table(frame)
+"""),
+    md("""
+## What failed and why
+"""),
+    code("""
+print(frame.groupby(["level_reached", "verdict"]).size().unstack(fill_value=0))
+report.failure_table(frame)
+"""),
+    code("""
+failed = frame[frame["verdict"].isin(["fail", "error"])]
+for eid in failed["evaluation_id"].head(3):
+    ev = store.evaluation(int(eid))
+    print(f"evaluation {eid} ({ev['level_reached']}): {ev['reason']}")
+    for name, tail in (ev.get("logs") or {}).items():
+        print(f"  [{name}] {tail[-300:]}")
+"""),
+    code("""
+store.close()
+"""),
+    md("""
+## Next
+
+* Point `ns.finished_run(SAMPLE, db="runs/<your run>.sqlite")` at your own run from `02_search`.
+* Take the best program's code (`best["code"]`) to `03_multi_gpu_eval` and measure it at more sizes and ranks.
+* Failures at L2 usually mean a missing wait or a wrong offset: look at the diff that introduced them.
+"""),
+]
+
+# ------------------------------------------------------------------------------------------------------------
+TEACHING = [
+    md("""
+# Chunking and overlap, explained with measured data
+
+This notebook **shows** why device-initiated communication helps GEMM + AllGather. Done one after the other, a
+step costs *compute + communication*. Cut the gathered matrix into chunks and start each chunk's GEMM as soon
+as that chunk has landed, and the two overlap: the step approaches *max(compute, communication)*. So overlap
+can at most halve the time, and it pays most when the two are about equal.
+
+First the model (formulas, no measurements), then the workload's own counts, then the measured numbers
+committed under `benchmarks/gemm_allgather/` when they exist.
+"""),
+    code(SETUP + """
+import pandas as pd
+from cuco_kit.widgets import TimelineView
+
+SAMPLE = ns.main_sample()
+"""),
+    md("""
+## The model
+
+With compute time *c*, communication time *m* and *k* chunks, the pipeline takes about
+*max(c, m) + min(c, m) / k*: the first chunk's transfer (or the last chunk's compute) cannot overlap anything.
+The table gives the speed-up over sequential for a few ratios *m / c*, in units of the compute time.
+"""),
+    code("""
+rows = []
+for ratio in (0.25, 0.5, 1.0, 2.0, 4.0):
+    for chunks in (1, 2, 4, 8, 16):
+        b = ns.overlap_bound(compute_ms=1.0, comm_ms=ratio, chunks=chunks)
+        rows.append({"comm / compute": ratio, "chunks": chunks, "speed-up": b["speedup_pipelined"],
+                     "bound": b["speedup_bound"]})
+pd.DataFrame(rows).pivot(index="comm / compute", columns="chunks", values="speed-up").round(2)
+"""),
+    md("""
+The same model as a schedule: one transfer stream and one compute stream, 1 chunk versus 4 chunks (model time
+units, badged as a model).
+"""),
+    code("""
+display(TimelineView(ns.model_schedule(compute=1.0, comm=1.0, chunks=1), badge="model", detail="1 chunk"))
+display(TimelineView(ns.model_schedule(compute=1.0, comm=1.0, chunks=4), badge="model", detail="4 chunks"))
+"""),
+    md("""
+## The workload's counts
+
+From the formulas in the sample's `workload.py`: flops per rank and bytes each rank receives, at the paper's
+shape M = N = K = 8192. More ranks means less compute per rank but more to receive, so communication weighs
+more as the world grows.
+"""),
+    code("""
+ns.workload_counts(SAMPLE, {"M": 8192, "N": 8192, "K": 8192})
+"""),
+    md("""
+## Measured
+"""),
+    code("""
+measured = ns.load_benchmarks("benchmarks/gemm_allgather/*.json")
+if measured:
+    table = ns.benchmark_frame(measured)
+    display(ns.banner(f"{len(table)} measured rows from {len(measured)} file(s) in benchmarks/gemm_allgather/",
+                      "real"))
+    display(table)
+else:
+    print("No measured GEMM + AllGather benchmark is committed yet (benchmarks/gemm_allgather/*.json).\\n"
+          "When it is, this cell shows, per size and world size, cuBLAS alone, the host-NCCL seed, the copy-engine "
+          "seed and every knob setting of the device-initiated baseline, with the GPU, driver, NCCL and date; "
+          "compare them with the model above. Nothing here invents those numbers.")
+"""),
+    md("""
+## Next
+
+* Change the chunk count in the model and watch the bound: past a few chunks the gain flattens.
+* `03_multi_gpu_eval`: measure the baseline's chunk settings yourself and draw their timelines.
+* `02_search`: let the search find the chunking, placement and synchronisation that win on your machine.
+"""),
+]
+
+NOTEBOOKS = {
+    "00_quickstart": QUICKSTART,
+    "01_fast_path": FAST_PATH,
+    "02_search": SEARCH,
+    "03_multi_gpu_eval": MULTI_GPU,
+    "04_run_analysis": ANALYSIS,
+    "05_teaching": TEACHING,
+}
+
+
+def build(cells: list[nbformat.NotebookNode]) -> nbformat.NotebookNode:
+    nb = new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = dict(KERNEL)
+    nb.metadata["language_info"] = {"name": "python"}
+    for i, c in enumerate(nb.cells):
+        c["id"] = f"cell-{i:02d}"  # stable ids: regenerating gives the same file
+    nbformat.validate(nb)
+    return nb
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="fail when a committed notebook is out of date")
+    args = ap.parse_args(argv)
+    OUT.mkdir(exist_ok=True)
+    stale = []
+    for name, cells in NOTEBOOKS.items():
+        text = nbformat.writes(build(cells)) + "\n"
+        path = OUT / f"{name}.ipynb"
+        if args.check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text, encoding="utf-8")
+    if stale:
+        print("out of date (run scripts/make_notebooks.py):", ", ".join(stale))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
