@@ -322,7 +322,7 @@ class NcclBackend(Backend):
             self.comm = ctypes.c_void_p(None)
 
     def info(self) -> dict[str, Any]:
-        return {"backend": "nccl", "nccl_version": self.version, "nccl_library": str(self.nccl.path)}
+        return {"backend": "nccl", "nccl_version": self.version}
 
 
 class SymmBackend(Backend):

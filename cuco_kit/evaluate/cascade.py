@@ -135,8 +135,24 @@ def _emit(progress: Progress | None, **event: Any) -> None:
             pass  # a broken progress callback must not break an evaluation
 
 
+def _site_prefixes() -> list[tuple[str, str]]:
+    import site
+
+    dirs = [(str(REPO_ROOT), "<repo>")]
+    dirs += [(d, "<site-packages>") for d in (site.getsitepackages() + [site.getusersitepackages()]) if d]
+    dirs += [(tempfile.gettempdir() + os.sep, "<tmp>/"), (str(Path.home()), "<home>")]
+    return sorted(dirs, key=lambda d: -len(d[0]))
+
+
+def scrub(text: str) -> str:
+    """Logs and provenance end up in committed stores and benchmarks: no machine paths there."""
+    for prefix, name in _site_prefixes():
+        text = text.replace(prefix, name)
+    return text
+
+
 def _tail(text: str, n: int = 4000) -> str:
-    return text if len(text) <= n else "...\n" + text[-n:]
+    return scrub(text if len(text) <= n else "...\n" + text[-n:])
 
 
 # ------------------------------------------------------------------------------------------------ evaluator
@@ -163,6 +179,12 @@ class GpuEvaluator:
             res = self._evaluate(request, progress)
             res.provenance.setdefault("eval_seconds", round(time.monotonic() - t0, 3))
             return res
+
+    def prebuild(self, request: EvalRequest) -> bool:
+        """L1 for a request ahead of its evaluation (thread-safe, no GPU): the search calls this for upcoming
+        candidates so nvcc runs while the GPU evaluates. Returns whether the build succeeded (or was cached)."""
+        return bool(_build_mod().build(request.candidate_code, request.backend, self.cfg.build,
+                                       self.cfg.cache_dir).ok)
 
     def close(self) -> None:
         """End every warm world and stop the MPS daemon if we started it (idempotent)."""
@@ -343,7 +365,7 @@ class GpuEvaluator:
         return {"gpu": g0.get("name"), "gpus": len(gpus), "driver": g0.get("driver_version"),
                 "cuda_driver": driver_cuda_version() if gpus else None, "git": git_revision(),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                "world": req.world_size, "backend": req.backend, "host": os.uname().nodename,
+                "world": req.world_size, "backend": req.backend,
                 "python": sys.version.split()[0]}
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -138,9 +139,12 @@ class MpsDaemon:
         """After a fatal fault (ranks already reaped): canary; restart our daemon if it fails. Returns a note."""
         if not self.state.active:
             return "no MPS"
-        ok, out = self.canary()
-        if ok:
-            return "MPS canary ok after the fault"
+        # The server needs a moment to tear down a killed client's context (error 807 meanwhile).
+        for attempt in range(4):
+            ok, out = self.canary()
+            if ok:
+                return "MPS canary ok after the fault" + (f" (after {attempt} retries)" if attempt else "")
+            time.sleep(2.0)
         if not self.state.started_by_us:
             return f"MPS canary failed after the fault and the daemon is not ours to restart: {out}"
         self.stop()
@@ -158,6 +162,13 @@ class MpsDaemon:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and daemon_answers(st.pipe_dir):
             time.sleep(0.2)
+        # A server wedged by a hung client may ignore quit: end the processes of OUR daemon (matched by its
+        # private pipe directory), never anyone else's.
+        for pid in _daemon_pids_with_pipe(str(st.pipe_dir)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         self.state = MpsState(False, False, note="stopped the MPS daemon we started")
 
     def provenance(self) -> dict[str, object]:
@@ -181,6 +192,18 @@ def _control_start(pipe_dir: str, log_dir: str) -> tuple[int, str]:
             return 0, ""
         time.sleep(0.1)
     return 1, "the daemon did not answer within 10 s"
+
+
+def _daemon_pids_with_pipe(pipe_dir: str) -> list[int]:
+    needle = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()
+    out = []
+    for pid in mps_daemon_pids():
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                out.append(pid)
+        except OSError:
+            continue
+    return out
 
 
 def mps_daemon_pids() -> list[int]:

@@ -11,6 +11,9 @@ Samplers: ``GPSampler`` for small budgets run one at a time (it needs scipy and 
 TPE is used and the fallback is logged once), ``TPESampler(multivariate=True, constant_liar=True)`` when
 evaluations run in parallel. Sampler seeds derive from the run's seed, the parent and the lineage size, so a
 seeded run asks the same points again.
+
+``RandomKnobSource`` samples the same space uniformly without repeats: the baseline the model-based search is
+compared against at equal evaluation budget (benchmarks/search).
 """
 from __future__ import annotations
 
@@ -197,3 +200,65 @@ class DesignSpaceSource:
         return Proposal(name=name[:120], rationale=rationale, diff=unified_diff(parent.code, code), tags=tags,
                         source="design_space", parent_id=parent.id, code=code,
                         meta={"sampler": self.last_sampler, "trial": trial_no, "params": new})
+
+
+class RandomKnobSource:
+    """Uniform random points of the knob block, never one the run already has: the baseline a model-based
+    design-space search must beat at equal evaluation budget (``kinds = ("design_space",)``, so it drops into
+    the same slots; proposals carry the same diff format and ``source="design_space"``, tagged "random").
+
+    Points are drawn with the context's seeded RNG, so a seeded run samples the same points again. The parent
+    only supplies the knob block (every point is the parent's code with all knob lines set), so a parent
+    without one falls back to a root that has one."""
+
+    name = "random"
+    kinds = ("design_space",)
+
+    def __init__(self, max_draws_per_proposal: int = 200) -> None:
+        self.max_draws_per_proposal = max_draws_per_proposal
+
+    def propose(self, ctx: ProposalContext) -> list[Proposal]:
+        from cuco_kit import blocks
+
+        base, knobs = None, []
+        for cand in [ctx.parent, *ctx.population.roots()]:
+            try:
+                knobs = blocks.knobs(cand.code)
+            except Exception:  # noqa: BLE001 -- no usable knob block: try the next candidate
+                knobs = []
+            if knobs:
+                base = cand
+                break
+        if base is None:
+            log.info("random knobs: neither program %s nor a root has a knob block", ctx.parent.id)
+            return []
+        names = [k.name for k in knobs]
+        base_values = {k.name: k.value for k in knobs}
+        seen = {tuple(str(p.knobs.get(n)) for n in names) for p in ctx.population.all()
+                if set(names) <= set(p.knobs)}
+        seen.add(tuple(base_values[n] for n in names))
+        existing = {p.code for p in ctx.population.all()}
+        out: list[Proposal] = []
+        draws = 0
+        while len(out) < ctx.n and draws < self.max_draws_per_proposal * ctx.n:
+            draws += 1
+            values = {k.name: ctx.rng.choice(list(k.allowed)) for k in knobs}
+            point = tuple(values[n] for n in names)
+            if point in seen:
+                continue
+            seen.add(point)
+            code = DesignSpaceSource._apply(base.code, knobs, values)
+            if code is None or code in existing:
+                continue
+            existing.add(code)
+            changed = [n for n in names if values[n] != base_values[n]]
+            structural = [n for n in changed if any(w in n.lower() for w in _STRUCTURAL_WORDS)]
+            out.append(Proposal(
+                name=("random knobs: " + ", ".join(f"{n}={values[n]}" for n in names))[:120],
+                rationale=f"uniform random point of the knob block of program {base.id} (draw {draws})",
+                diff=unified_diff(base.code, code),
+                tags=["design_space", "random"] + (["placement"] if structural else [])
+                + [f"knob:{n}" for n in changed],
+                source="design_space", parent_id=base.id, code=code,
+                meta={"sampler": "uniform random", "params": values}))
+        return out
