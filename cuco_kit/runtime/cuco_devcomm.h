@@ -20,6 +20,7 @@
 #ifndef CUCO_DEVCOMM_H_
 #define CUCO_DEVCOMM_H_
 
+#include <stdio.h>
 #include <string.h>
 #include <sched.h>
 #include <cuda_runtime_api.h>
@@ -44,7 +45,11 @@ static inline ncclResult_t cuco_nccl_settle_(ncclComm_t comm, ncclResult_t r) {
 }
 
 static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
-  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) return CUCO_ERR_BACKEND;
+  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) {
+    fprintf(stderr, "cuco_devcomm_create: built for nccl but ctx->backend=%d nccl_comm=%p\n", ctx->backend,
+            ctx->nccl_comm);
+    return CUCO_ERR_BACKEND;
+  }
   if (lsaBarrierCount < 0) return CUCO_ERR_PARAM;
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
 #if NCCL_VERSION_CODE >= 22900
@@ -60,7 +65,15 @@ static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, nccl
   /* 2.28 leaves a stale, non-sticky CUDA error behind even on success; clear it so the candidate's next
    * cudaGetLastError() reports its own launches only. */
   (void)cudaGetLastError();
-  return r == ncclSuccess ? CUCO_OK : CUCO_ERR_NCCL;
+  if (r != ncclSuccess) {
+    /* For the human reading the rank log; the harness never parses candidate output. */
+    fprintf(stderr, "cuco_devcomm_create: ncclDevCommCreate failed: %s\n", ncclGetErrorString(r));
+    return CUCO_ERR_NCCL;
+  }
+  if (out->lsaSize < 1)
+    fprintf(stderr, "cuco_devcomm_create: devComm has rank %d nRanks %d lsaRank %d lsaSize %d\n", out->rank,
+            out->nRanks, out->lsaRank, out->lsaSize);
+  return CUCO_OK;
 }
 
 static inline int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc) {

@@ -407,7 +407,11 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) {
     s->dc_made = true;
     // Push needs one LSA team spanning the world (one NVLink domain); world rank q is then LSA rank q.
-    if (a.dc.lsaSize != W || a.dc.lsaRank != s->rank) rc = CUCO_ERR_BACKEND;
+    if (a.dc.lsaSize != W || a.dc.lsaRank != s->rank) {
+      fprintf(stderr, "device_lsa: LSA team %d/%d does not span the world %d/%d\n", a.dc.lsaRank, a.dc.lsaSize,
+              s->rank, W);
+      rc = CUCO_ERR_BACKEND;
+    }
   }
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
