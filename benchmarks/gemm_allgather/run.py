@@ -159,8 +159,10 @@ def main() -> int:
 
     gpus = detect_gpu()
     prov = next((r["provenance"] for r in rows if r["provenance"].get("gpu")), {})
+    symm_prov = next((r["provenance"] for r in rows if r["backend"] == "symm" and "mps" in r["provenance"]), {})
     meta = {"date": dt.date.today().isoformat(), "gpu": gpus[0]["name"] if gpus else None,
-            "driver": gpus[0].get("driver") if gpus else None, "nccl": prov.get("nccl"), "mps": prov.get("mps"),
+            "driver": gpus[0].get("driver_version") if gpus else None, "nccl": prov.get("nccl"),
+            "mps": symm_prov.get("mps"),
             "torch": prov.get("torch"), "build_seconds": round(build_s, 1), "builds": len(built),
             "builds_ok": sum(built), "skipped": skipped, "wall_s": round(time.monotonic() - t_start, 1)}
     result = {"meta": meta, "cublas_alone": cublas, "rows": rows, "eval_history": history}
