@@ -221,7 +221,9 @@ class NcclBackend(Backend):
         chan.exchange("nccl-unique-id", ok, msg)
         raw = chan.store.get("nccl/unique_id")
         ctypes.memmove(ctypes.byref(uid), raw, min(len(raw), 128))
-        cfg = nccl_config(self.version, blocking=False)
+        # Blocking: under a non-blocking communicator NCCL 2.28.9 handed back an unfilled devComm from
+        # ncclDevCommCreate (seen on an H200, 2026-12-02); phases still exchange status and abort on failure.
+        cfg = nccl_config(self.version, blocking=True)
         ok, msg = True, ""
         try:
             rc = self.nccl.lib.ncclCommInitRankConfig(ctypes.byref(self.comm), world, uid, rank, ctypes.byref(cfg))
