@@ -240,7 +240,9 @@ def _scan_knobs(code: str, blks: list[Block]) -> tuple[list[Knob], list[str]]:
                 problems.append(f"line {no}: knob {name} is declared twice in the knob block")
                 continue
             knobs.append(Knob(name, " ".join(m.group("type").split()), value, allowed, no))
-        elif _KNOB_LIKE_RE.search(line):
+        elif blks and _KNOB_LIKE_RE.search(line):
+            # Only an annotated file (one with EVOLVE blocks) has a knob block to belong to; in a fast-path stage
+            # output, '// knob:' lines are what the annotate step gathers into it.
             m = _KNOB_RE.match(line)
             name = m.group("name") if m else line.strip()[:60]
             where = f"block {_block_at(blks, no).name!r}" if _block_at(blks, no) else "frozen code"

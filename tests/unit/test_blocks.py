@@ -430,3 +430,16 @@ def test_device_lambda_in_host_code_is_device_code():
     assert check(code).ok, check(code).reasons
     code = in_block(PARENT, "step", '  auto g = [=] (int i) { return host_mystery(i); };')
     assert_rejected(check(code), r"unknown host call 'host_mystery'")
+
+
+def test_unannotated_stage_output_may_carry_knob_comments_for_the_annotator():
+    # A fast-path stage output has no EVOLVE blocks yet: its '// knob:' lines are what annotate gathers into the
+    # knob block, so L0 does not call them misplaced. Once blocks exist, the rule applies (tests above).
+    from cuco_kit.blocks import check_candidate
+
+    code = ("#include <cuda_runtime.h>\nconstexpr int kChunks = 4;  // knob: {1, 2, 4}\n"
+            "__global__ void k(int* p) { p[0] = kChunks; }\n")
+    assert check_candidate(code).ok
+    annotated = "// EVOLVE-BLOCK-START body\nint x;\n// EVOLVE-BLOCK-END\n" + code
+    rep = check_candidate(annotated)
+    assert not rep.ok and any("outside the knob block" in r for r in rep.reasons)
