@@ -12,6 +12,7 @@ BADGE_STYLE = {
     "real": ("#1b5e20", "real GPU measurement"),
     "replayed": ("#0d47a1", "replayed"),
     "simulated": ("#b71c1c", "SIMULATED"),
+    "model": ("#6a1b9a", "MODEL (formula, not measured)"),
 }
 
 
@@ -24,7 +25,7 @@ def badge_html(badge: str, detail: str = "") -> str:
     colour, label = BADGE_STYLE.get(badge, ("#555", badge or "unknown"))
     if badge == "replayed" and detail:
         label = f"replayed: {detail}"
-    elif detail:
+    elif detail and badge not in ("simulated", "model"):  # their label already says what they are
         label = f"{label} ({detail})"
     return (f'<span class="cuco-badge" style="background:{colour};color:white;padding:1px 6px;'
             f'border-radius:3px;font-size:11px">{esc(label)}</span>')

@@ -48,9 +48,12 @@ def side_by_side_html(old: str, new: str, context: int | None = 3) -> str:
             f"<tr{style}><td class='ln'>{r.old_no or ''}</td><td><pre>{left}</pre></td>"
             f"<td class='ln'>{r.new_no or ''}</td><td><pre>{right}</pre></td></tr>")
     return (
-        "<style>.cuco-diff pre{margin:0;font-size:11px;white-space:pre} .cuco-diff td.ln{color:#999;"
-        "font-size:10px;text-align:right;padding-right:4px} .cuco-diff{border-collapse:collapse}</style>"
-        f"<table class='cuco-diff'>{''.join(cells)}</table>")
+        "<style>.cuco-diff pre{margin:0;font-size:11px;white-space:pre-wrap;word-break:break-all}"
+        " .cuco-diff td.ln{color:#999;font-size:10px;text-align:right;padding-right:4px;width:3em}"
+        " .cuco-diff{border-collapse:collapse;table-layout:fixed;width:100%} .cuco-diff td{vertical-align:top}"
+        "</style><div style='overflow-x:auto;max-width:100%'>"
+        f"<table class='cuco-diff'><colgroup><col style='width:3em'><col><col style='width:3em'><col></colgroup>"
+        f"{''.join(cells)}</table></div>")
 
 
 class DiffReview(W.VBox):

@@ -144,6 +144,9 @@ class SearchEngine:
         """Run in a worker thread and return it at once (errors end up in ``self.error``)."""
         if self._thread is not None and self._thread.is_alive():
             raise BadInput("this search is already running; stop() it first")
+        # Set up here, not in the thread: run_id exists when this returns (a dashboard binds to it) and a bad
+        # workload is reported in the calling cell.
+        self._setup()
 
         def target() -> None:
             try:
