@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
+from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
 from cuco_kit.evaluate.cascade import EvaluatorConfig, GpuEvaluator, detect_gpu  # noqa: E402
 from cuco_kit.evaluate.mps import mps_daemon_pids  # noqa: E402
 
@@ -49,17 +50,6 @@ def compute_apps() -> list[str]:
     except Exception:
         return []
 
-
-def worker_pids() -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if b"cuco_kit.evaluate.worker" in (d / "cmdline").read_bytes():
-                    out.append(int(d.name))
-            except OSError:
-                pass
-    return out
 
 
 def l0_available() -> bool:
@@ -195,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         skipped.append("cold start measurement")
     # 5: leaks
     time.sleep(2.0)
-    leaks = {"rank_processes": worker_pids(), "mps_daemons_we_left": sorted(set(mps_daemon_pids()) - mps_before),
+    leaks = {"rank_processes": live_worker_pids(), "mps_daemons_we_left": sorted(set(mps_daemon_pids()) - mps_before),
              "compute_apps": compute_apps(), "gpu_memory_before_mib": mem_before,
              "gpu_memory_after_mib": gpu_memory_used()}
     mem_ok = all(a - b <= 256 for a, b in zip(leaks["gpu_memory_after_mib"], mem_before))

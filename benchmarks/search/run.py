@@ -49,6 +49,7 @@ for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
 
 from cuco_kit import blocks  # noqa: E402
+from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
 from cuco_kit.events import EventBus  # noqa: E402
 from cuco_kit.search.budget import BudgetConfig  # noqa: E402
@@ -87,18 +88,6 @@ def placement(knobs: dict[str, str] | None) -> str | None:
     v = (knobs or {}).get("kPlacement")
     return v.split("::")[-1] if v else None
 
-
-def worker_pids() -> list[int]:
-    """Rank worker processes still alive (the evaluator's close() must have ended them all)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if b"cuco_kit.evaluate.worker" in (d / "cmdline").read_bytes():
-                    out.append(int(d.name))
-            except OSError:
-                pass
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ builds
@@ -623,7 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             close()
 
     time.sleep(0 if args.dry_run else 2.0)
-    leftover = worker_pids()
+    leftover = live_worker_pids()
     if leftover:
         print(f"LEAK: rank worker processes still alive after close(): {leftover}", flush=True)
 

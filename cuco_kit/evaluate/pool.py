@@ -276,3 +276,16 @@ class WorkerPool:
         with self.lock:
             for key in list(self.groups):
                 self.discard(key)
+
+
+def live_worker_pids() -> list[int]:
+    """Rank worker processes alive on this machine (leak checks: close() must have ended them all)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if b"cuco_kit.evaluate.worker" in (d / "cmdline").read_bytes():
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out
