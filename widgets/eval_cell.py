@@ -13,6 +13,7 @@ from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
 from cuco_kit.workload import load_workload
 
 from ._common import Throttle, badge_html, esc, provenance_detail
+from .views import TimelineView
 
 
 class EvalCell(W.VBox):
@@ -37,13 +38,14 @@ class EvalCell(W.VBox):
         self.bars = W.VBox()
         self.log_view = W.HTML()
         self.table = W.HTML()
+        self.timeline_box = W.VBox()  # the kernel timeline of the latest passing evaluation, when it has one
         self.results: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._state: dict[str, Any] = {"level": "", "ranks": {}, "lines": []}
         self._thread: threading.Thread | None = None
         self._refresh = Throttle(self._render, interval)
         super().__init__([W.HBox([self.candidate, self.ranks, self.backend, self.preset, self.button]),
-                          self.level, self.bars, self.log_view, self.table])
+                          self.level, self.bars, self.log_view, self.table, self.timeline_box])
 
     # -- engine side (worker thread) -------------------------------------------------------------------------
     def _progress(self, ev: dict[str, Any]) -> None:
@@ -61,7 +63,7 @@ class EvalCell(W.VBox):
         return EvalRequest(candidate_code=self.sources[self.candidate.value],
                            workload_dir=str(self.workload.directory), params=dict(self._presets[self.preset.value]),
                            world_size=int(self.ranks.value), backend=str(self.backend.value), iters=self.iters,
-                           label=str(self.candidate.value))
+                           label=str(self.candidate.value), timeline=True)
 
     def run(self) -> threading.Thread:
         """Start one evaluation in a worker thread and return at once."""
@@ -93,6 +95,8 @@ class EvalCell(W.VBox):
                                     [t[-400:] for t in res.logs.values()])[-12:]
             self._state["badge"] = (res.badge, provenance_detail(res.provenance))
         self.button.disabled = False
+        if res.timeline:
+            self.timeline_box.children = [TimelineView(res.timeline, res.badge, provenance_detail(res.provenance))]
         self._refresh.flush()
 
     def join(self, timeout: float | None = None) -> None:

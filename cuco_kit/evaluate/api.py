@@ -37,6 +37,7 @@ class EvalRequest:
     trials: int = 3  # L2: fresh-input verification trials before timing
     seed: int = 0  # seeds inputs per (trial, rank) and the choice of verified iterations
     measure_seed: bool = True  # re-measure the workload's seed in the same run for the ratio
+    timeline: bool = False  # after timing, profile one more (untimed) iteration: per-rank kernel timeline
     label: str = ""  # free text for logs (program id, name)
 
     def to_json(self) -> str:
@@ -61,6 +62,9 @@ class EvalResult:
     max_rel_err: float | None = None
     flagged: bool = False  # speed-up above 3x over the seed: a human looks before it counts
     badge: Badge = "real"
+    # {rank, stream, name, start_us, dur_us} per kernel of one profiled iteration (request.timeline); ranks on one
+    # host share a clock, so rows of different ranks line up.
+    timeline: list[dict[str, Any]] | None = None
     logs: dict[str, str] = field(default_factory=dict)  # "build", "rank0", ... (tails, never parsed for results)
     provenance: dict[str, Any] = field(default_factory=dict)  # gpu, driver, cuda, nccl, mps, git, date, world...
 

@@ -326,7 +326,7 @@ class GpuEvaluator:
         limit = self.cfg.seed_step_limit_s
         if seed_median is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_median / 1000.0)
-        cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit)
+        cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline)
         res = self._command(group, cmd, progress)
         res.logs = {**logs, **res.logs}
         if res.reason.startswith("timeout") or "fatal" in res.provenance.get("_flags", ""):
@@ -390,7 +390,9 @@ def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) ->
     stats = iteration_stats(per_rank)
     errs = [r.get("max_rel_err") for r in replies if r and r.get("max_rel_err") is not None]
     notes = sorted({n for r in replies if r for n in r.get("notes", [])})
+    rows = [row for r in replies if r for row in (r.get("timeline") or [])]
     return EvalResult("L3", "pass", "", median_ms=stats["median_ms"], spread_ms=stats["spread_ms"],
+                      timeline=sorted(rows, key=lambda x: x["start_us"]) or None,
                       iteration_ms=stats["iteration_ms"], per_rank_median_ms=stats["per_rank_median_ms"],
                       max_rel_err=max(errs) if errs else None, logs=logs,
                       provenance={"notes": notes, "p10_ms": stats["p10_ms"], "p90_ms": stats["p90_ms"],

@@ -274,6 +274,8 @@ class _Evaluation:
             self._verify_trials()
             times = self._timed()
             reply.update(ok=True, verdict="pass", level="L3", times_ms=times)
+            if self.cmd.get("timeline"):
+                reply["timeline"] = self._profiled_iteration()
         except CandidateFailure as f:
             reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
         except Exception as exc:  # a harness-side error; CUDA errors poison the context
@@ -680,6 +682,33 @@ class _Evaluation:
                                     verify=i in check))
         self.h._progress("L3", "timed", iters, iters, self.step_limit_s + 10)
         return times
+
+
+    def _profiled_iteration(self) -> list[dict[str, Any]]:
+        """One more iteration under torch.profiler (CUDA activity): every kernel the step launched, from the
+        candidate's library too, with its stream and ns timestamps. Never part of the timed numbers."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            self._step(trial=3000, what="profiled iteration", level="L3", verify=False)
+        return kernel_rows(prof.events(), self.h.rank)
+
+
+def kernel_rows(events: Any, rank: int) -> list[dict[str, Any]]:
+    """torch.profiler events -> Gantt rows {rank, stream, name, start_us, dur_us} of the GPU kernels and copies.
+    The harness's own barrier and L2-flush kernels are kept: they show where the timed region starts."""
+    rows = []
+    for e in events:
+        kind = str(getattr(e, "device_type", "")).rsplit(".", 1)[-1]
+        if kind != "CUDA":
+            continue
+        rng = getattr(e, "time_range", None)
+        if rng is None:
+            continue
+        rows.append({"rank": rank, "stream": int(getattr(e, "device_resource_id", 0) or 0), "name": str(e.name),
+                     "start_us": float(rng.start), "dur_us": float(rng.end - rng.start)})
+    rows.sort(key=lambda r: r["start_us"])
+    return rows
 
 
 def abi_dtype(name: str) -> int:

@@ -64,3 +64,22 @@ def test_warm_evaluation_is_cheaper_than_a_cold_start(summary: dict) -> None:
 
 def test_no_leaks(summary: dict) -> None:
     assert summary["leak_ok"], summary["leaks"]
+
+
+@pytest.mark.timeout(300)
+def test_timeline_has_every_rank_and_the_candidates_kernels() -> None:
+    from pathlib import Path
+
+    from cuco_kit.evaluate.api import EvalRequest
+    from cuco_kit.evaluate.cascade import GpuEvaluator
+
+    wl = Path(__file__).resolve().parents[2] / "sample_kernels" / "allgather"
+    ev = GpuEvaluator()
+    try:
+        res = ev.evaluate(EvalRequest(candidate_code=(wl / "device_lsa.cu").read_text(), workload_dir=str(wl),
+                                      world_size=2, backend="symm", iters=5, timeline=True, measure_seed=False))
+    finally:
+        ev.close()
+    assert res.verdict == "pass", res.reason
+    assert res.timeline and {r["rank"] for r in res.timeline} == {0, 1}
+    assert any("put" in r["name"] or "gather" in r["name"] for r in res.timeline), {r["name"] for r in res.timeline}

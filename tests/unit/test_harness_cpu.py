@@ -155,3 +155,17 @@ def test_cuco_eval_without_gpu_says_which_levels_were_not_run(tmp_path: Path) ->
     assert out["levels_not_run"] == ["L2", "L3"]
     assert out["median_ms"] is None and out["speedup"] is None
     assert "build" in out["logs"]
+
+
+def test_kernel_rows_keep_gpu_kernels_with_stream_and_times():
+    from types import SimpleNamespace as NS
+
+    from cuco_kit.evaluate.harness import kernel_rows
+
+    ev = [NS(device_type="DeviceType.CUDA", name="gemm", device_resource_id=7, time_range=NS(start=20.0, end=35.0)),
+          NS(device_type="DeviceType.CPU", name="cudaLaunchKernel", device_resource_id=0,
+             time_range=NS(start=1.0, end=2.0)),
+          NS(device_type="DeviceType.CUDA", name="put", device_resource_id=9, time_range=NS(start=10.0, end=12.5))]
+    rows = kernel_rows(ev, rank=3)
+    assert rows == [{"rank": 3, "stream": 9, "name": "put", "start_us": 10.0, "dur_us": 2.5},
+                    {"rank": 3, "stream": 7, "name": "gemm", "start_us": 20.0, "dur_us": 15.0}]

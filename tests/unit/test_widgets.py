@@ -123,7 +123,8 @@ class _FakeEvaluator:
         for r in range(request.world_size):
             progress({"level": "L2", "rank": r, "step": "verify", "done": 1, "total": 3})
         self.release.wait(10)
-        return EvalResult(level_reached="L3", verdict="pass", median_ms=1.25, badge="simulated")
+        return EvalResult(level_reached="L3", verdict="pass", median_ms=1.25, badge="simulated",
+                          timeline=[{"rank": 0, "stream": 7, "name": "gemm", "start_us": 1.0, "dur_us": 2.0}])
 
 
 def test_eval_cell_returns_at_once_and_tabulates(repo_root):
@@ -141,7 +142,8 @@ def test_eval_cell_returns_at_once_and_tabulates(repo_root):
     assert not th.is_alive()
     df = cell.frame()
     assert df.loc[0, "verdict"] == "pass" and df.loc[0, "median_ms"] == 1.25 and df.loc[0, "ranks"] == 2
-    assert ev.requests[0].backend == "symm" and ev.requests[0].world_size == 2
+    assert ev.requests[0].backend == "symm" and ev.requests[0].world_size == 2 and ev.requests[0].timeline
+    assert len(cell.timeline_box.children) == 1  # the evaluation's kernel timeline is drawn
     cell.close()
 
 
