@@ -21,7 +21,9 @@
 //
 // Tensor cores: mma.sync.m16n8k16 bf16 x bf16 -> fp32 (inline PTX). S = Q K^T per warp is 16 x 64 (8 n-tiles,
 // D/16 k-steps); P is rounded to bf16 and reused in registers as the A operand of P V (the accumulator layout
-// of two neighbouring n-tiles is the A-fragment layout of one k-step), as in FlashAttention 2.
+// of two neighbouring n-tiles is the A-fragment layout of one k-step), as in FlashAttention 2. K and V
+// fragments come from shared memory with ldmatrix (V with .trans), rows padded by 16 bytes so the eight row
+// addresses of each 8x8 matrix hit distinct banks.
 //
 // Waiting on arrival (device-initiated variants): a segment may carry a flag; before the first tile of that
 // segment, thread 0 spins until *flag >= epoch (ld.acquire.sys) and the CTA's barrier hands the acquired
@@ -96,8 +98,20 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
   return *reinterpret_cast<uint32_t*>(&h);
 }
-__device__ __forceinline__ uint32_t pack_raw(unsigned short lo, unsigned short hi) {
-  return (uint32_t)lo | ((uint32_t)hi << 16);
+// Four 8x8 b16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i. Plain: lane l
+// receives row l/4, columns 2(l%4), +1 of each matrix; .trans: column l/4, rows 2(l%4), +1 (the mma B layout
+// when the matrix rows are keys and the columns head dims, i.e. V stored token-major).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
 }
 
 // Stage rows [row0, row0 + 64) of a [*, H, D] tensor (head already applied to `base`) into smem rows of
@@ -205,14 +219,19 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
       __syncthreads();
 
       float s[kNTiles][4];
+      // K fragments of n-tiles (nt, nt+1) and k-step kk in one ldmatrix: matrix i of lane l is keys
+      // (nt + i/2)*8 + l%8, head dims kk*16 + (i%2)*8 .. +8 -> {b0b1, b2b3} of nt, then of nt + 1.
+      const int mrow = lane & 7, mi = lane >> 3;
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+      for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; nt += 2) {
 #pragma unroll
         for (int kk = 0; kk < kKSteps; ++kk) {
-          const __nv_bfloat16* kr = &ks[nt * 8 + g][kk * 16 + t * 2];
-          mma_bf16(s[nt], qf[kk], *reinterpret_cast<const uint32_t*>(kr),
-                   *reinterpret_cast<const uint32_t*>(kr + 8));
+          uint32_t kb4[4];
+          ldmatrix_x4(kb4, &ks[(nt + (mi >> 1)) * 8 + mrow][kk * 16 + (mi & 1) * 8]);
+          mma_bf16(s[nt], qf[kk], kb4[0], kb4[1]);
+          mma_bf16(s[nt + 1], qf[kk], kb4[2], kb4[3]);
         }
       }
       // Mask keys past the segment's end and, causally, keys after the row's query.
@@ -264,14 +283,14 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
         pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
         pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
         pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-        const int r0 = kk * 16 + t * 2;
+        // V fragments of d-tiles (nd, nd+1) in one transposing ldmatrix: matrix i of lane l is keys
+        // kk*16 + (i%2)*8 + l%8, head dims (nd + i/2)*8 .. +8 -> {b0b1, b2b3} of nd, then of nd + 1.
 #pragma unroll
-        for (int nd = 0; nd < kDTiles; ++nd) {
-          const int c = nd * 8 + g;
-          const uint32_t b0 = pack_raw(__bfloat16_as_ushort(vs[r0][c]), __bfloat16_as_ushort(vs[r0 + 1][c]));
-          const uint32_t b1 =
-              pack_raw(__bfloat16_as_ushort(vs[r0 + 8][c]), __bfloat16_as_ushort(vs[r0 + 9][c]));
-          mma_bf16(o[nd], pa, b0, b1);
+        for (int nd = 0; nd < kDTiles; nd += 2) {
+          uint32_t vb4[4];
+          ldmatrix_x4_trans(vb4, &vs[kk * 16 + (mi & 1) * 8 + mrow][(nd + (mi >> 1)) * 8]);
+          mma_bf16(o[nd], pa, vb4[0], vb4[1]);
+          mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
         }
       }
       __syncthreads();  // everyone is done with ks / vs before the next tile overwrites them

@@ -1,0 +1,825 @@
+// device_lsa.cu — attention with context parallelism, device-initiated baseline in NCCL-LSA form (one source,
+// both backends).
+// cuco: backends=nccl,symm
+//
+// The sequence (SEQ tokens, H heads, head dim D) is split across W ranks: rank r holds the Sr = SEQ/W tokens at
+// global positions [r*Sr, (r+1)*Sr) and computes the attention output of its queries over the whole sequence
+// (causal when CAUSAL=1, comparing global positions). C = kChunks chunks per shard of Cs = Sr/C tokens each:
+//
+//     q, k, v  [Sr, H, D]   this rank's tokens                        (inputs "q", "k", "v", bf16)
+//     kg, vg   [SEQ, H, D]  gathered K / V: rank p's tokens at p*Sr     (scratch windows "kg", "vg", every rank)
+//     o        [Sr, H, D]   softmax(q K^T / sqrt(D)) V                  (output "o", bf16)
+//
+// Instead of a host all-gather followed by attention (seed_nccl.cu), every rank PUSHES its K/V shard into every
+// peer's kg / vg with 16-byte stores through NVLink load/store access (LSA: ncclGetLsaPointer maps a peer's
+// window into our address space), chunk by chunk, and announces each landed chunk with an epoch flag in the
+// peer's flag region. The attention kernel starts at once on the LOCAL block (straight from k / v, never
+// copied) and then takes each remote block as its flag arrives, merging with log-sum-exp:
+//
+//   side stream   put kernel: for chunk c, for every peer p:  k[c], v[c] ──16-B stores──▶ p.kg, p.vg at r*Sr+c*Cs
+//                             then  p.flags[r*C + c] = epoch   (release, system scope)
+//   ctx->stream   attention(local block, no wait) ─▶ for source s != r, chunk c:
+//                     wait(flags[s*C + c] >= epoch) ─▶ attention(kg/vg block (s, c)), LSE-merged
+//                 ◀── join: the side stream's event
+//
+// The LSE merge is the flash-attention online softmax itself: the shared kernel (attention_kernel.cuh, copied
+// verbatim below) walks a list of K/V segments keeping the running max, sum and unnormalised output of each
+// query row; between launches that state lives in an fp32 workspace (m, l, O), so partial results of separate
+// launches merge exactly like tiles of one launch. Causally, a rank never needs the K/V of higher ranks: their
+// segments are dropped on the host and, inside the kernel, every key tile after a CTA's last query is skipped.
+//
+// Design space (the knob block below; every combination compiles and is a working variant):
+//   kPlacement  kSequential  puts on ctx->stream, then attention: no overlap (the device-initiated twin of the
+//                            seed)
+//               kOverlapped  puts on a high-priority side stream launched first; attention on ctx->stream
+//                            starts with the local block while remote chunks travel; joined before returning
+//   kSync       kChunkFlags  one epoch flag per (source, chunk) in the receiver's flag region; the unit that
+//                            completes a (chunk, peer) raises it
+//               kBarrier     no flags: every put CTA ends with one ncclLsaBarrierSession (same CTA index on all
+//                            ranks), so when the put grid has finished every peer's shard has landed here; the
+//                            remote blocks' attention waits for the put grid as a whole (stream order / event)
+//   kIssuer     kWarp / kCta: the unit that owns a piece of a chunk, stores it (lane-strided 16-byte vectors)
+//                            and reports its arrival
+//   kChunks     1, 2, 4: pipeline depth (more chunks: earlier first remote block, more and smaller waits)
+//   kWaitMode   kInKernel    (kChunkFlags) one attention launch over all segments; before a remote segment's
+//                            first tile, thread 0 of each CTA spins on that segment's flag
+//               kWaitKernel  (kChunkFlags) one launch per segment, each remote one preceded by a 1-thread wait
+//                            kernel on ctx->stream; state carried between launches in the fp32 workspace
+//               (under kBarrier there are no flags and kWaitMode changes nothing)
+//
+// Signalling protocol (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores
+// `epoch` (cuco_signal) and the consumer waits for `>= epoch`, so flags are never reset. Pieces of a
+// (chunk, peer) are counted in a local arrival counter that only ever grows: the unit that brings it to a
+// multiple of the piece count (K and V pieces together) is the last one and raises the peer's flag.
+//
+// Forward progress: a kInKernel CTA spinning on a flag holds its SM. The puts never wait on anything and are
+// launched first on the highest-priority stream, so they are dispatched ahead of the attention CTAs; under
+// symm (ranks sharing one GPU) each rank's MPS thread share keeps a peer's puts from being starved.
+// Reuse of kg / vg across steps relies on the harness: every step ends with a synchronise and a host + device
+// barrier before the next, so no rank pushes step e+1 data while a peer still reads step e's blocks.
+// At world size 1 nothing is communicated: a step is one attention launch on the local K/V.
+//
+// Build: nvcc ... (nccl backend, links NCCL) or with -DCUCO_BUILD_SYMM=1 (lsa_compat.h over the harness's peer
+// tables: 2-4 ranks sharing one GPU run the same kernels).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cuda/atomic>
+
+#include "cuco_lsa.h"
+
+// ==== BEGIN attention_kernel.cuh (verbatim copy of the master in this folder; do not edit here) ====
+// attention_kernel.cuh — the tensor-core flash-attention forward kernel shared by the three attention_cp sources.
+//
+// The candidate ABI builds ONE .cu file (cuco_kit/evaluate/build.py compiles the candidate's text alone in a
+// temporary directory), so an #include of this file would not resolve there. Each source therefore carries a
+// verbatim copy between the lines "// ==== BEGIN attention_kernel.cuh" and "// ==== END attention_kernel.cuh";
+// this file is the master and tests/unit/test_attention_cp_workload.py fails when a copy drifts from it.
+//
+// What it computes. Queries q [Sq, H, D] (token-major, bf16) of one rank, whose first query sits at global
+// sequence position q0, attend over a list of K/V SEGMENTS: segment s holds n_keys consecutive tokens of the
+// global sequence starting at position key0, its K and V laid out like q ([n_keys, H, D], row stride H*D).
+// Softmax scale 1/sqrt(D); causal masking compares GLOBAL positions (key > query is masked), so a rank's
+// sequence offset is respected whatever block of the sequence a segment is.
+//
+// Online softmax (flash attention 2): each CTA owns 64 queries of one head (4 warps x 16 rows), keeps its Q
+// fragments in registers, streams K/V in tiles of 64 keys through shared memory (cp.async, the V load overlaps
+// the Q K^T product) and keeps per-row running max m, running sum l and the unnormalised output O in
+// registers. The segments ARE the log-sum-exp merge: moving from one segment to the next just continues the
+// online softmax. Across kernel launches the same state can be stored to / loaded from an fp32 workspace
+// (store_state / load_state), which is the LSE merge of partial results computed by separate launches
+// (O = O1 * 2^(m1 - m) + O2 * 2^(m2 - m), l likewise; m is kept in log2 units).
+//
+// Tensor cores: mma.sync.m16n8k16 bf16 x bf16 -> fp32 (inline PTX). S = Q K^T per warp is 16 x 64 (8 n-tiles,
+// D/16 k-steps); P is rounded to bf16 and reused in registers as the A operand of P V (the accumulator layout
+// of two neighbouring n-tiles is the A-fragment layout of one k-step), as in FlashAttention 2. K and V
+// fragments come from shared memory with ldmatrix (V with .trans), rows padded by 16 bytes so the eight row
+// addresses of each 8x8 matrix hit distinct banks.
+//
+// Waiting on arrival (device-initiated variants): a segment may carry a flag; before the first tile of that
+// segment, thread 0 spins until *flag >= epoch (ld.acquire.sys) and the CTA's barrier hands the acquired
+// view to every thread. Segments a CTA skips entirely (causal: all keys after its last query) are never
+// waited for.
+#ifndef ATTENTION_KERNEL_CUH_
+#define ATTENTION_KERNEL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace attn {
+
+constexpr int kMaxSegments = 64;  // W * chunks <= 64 (8 ranks x 8 chunks)
+constexpr int kBlockQ = 64;       // queries per CTA (4 warps x 16 rows)
+constexpr int kBlockK = 64;       // keys per streamed tile
+constexpr int kThreads = 128;
+constexpr int kPad = 8;           // bf16 of padding per smem row: conflict-free 32-bit fragment loads
+
+struct Segment {
+  const __nv_bfloat16* k;  // token key0 of this segment (head 0); token key0 + j at k + j * H * D
+  const __nv_bfloat16* v;
+  const uint64_t* flag;    // wait for *flag >= epoch before reading (nullptr: already present)
+  int key0;                // global sequence position of the segment's first key
+  int n_keys;
+};
+
+struct Params {
+  const __nv_bfloat16* q;  // [sq, heads, d]
+  __nv_bfloat16* o;        // [sq, heads, d], written when write_out
+  float* ws_o;             // [heads, sq, d] fp32 unnormalised O (load_state / store_state)
+  float* ws_ml;            // [heads, sq, 2] fp32 (m in log2 units, l)
+  int sq, heads, q0, causal;
+  float scale_log2;        // log2(e) / sqrt(d)
+  uint64_t epoch;
+  int n_seg;
+  int load_state, store_state, write_out;
+  Segment seg[kMaxSegments];
+};
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16-byte global -> shared copy; src_bytes 0 fills zeros (rows past the segment's end).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void wait_flag(const uint64_t* flag, uint64_t epoch) {
+  uint64_t v;
+#pragma unroll 1
+  do {
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+  } while (v < epoch);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+// Four 8x8 b16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i. Plain: lane l
+// receives row l/4, columns 2(l%4), +1 of each matrix; .trans: column l/4, rows 2(l%4), +1 (the mma B layout
+// when the matrix rows are keys and the columns head dims, i.e. V stored token-major).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Stage rows [row0, row0 + 64) of a [*, H, D] tensor (head already applied to `base`) into smem rows of
+// stride D + kPad; rows >= n_rows are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_tile(__nv_bfloat16 (*dst)[D + kPad], const __nv_bfloat16* base,
+                                          size_t row_stride, int row0, int n_rows) {
+  constexpr int kVecsPerRow = D / 8;
+  constexpr int kVecs = kBlockK * kVecsPerRow;
+#pragma unroll
+  for (int i = threadIdx.x; i < kVecs; i += kThreads) {
+    const int r = i / kVecsPerRow, c = i % kVecsPerRow;
+    const bool ok = row0 + r < n_rows;
+    const __nv_bfloat16* src = ok ? base + (size_t)(row0 + r) * row_stride + c * 8 : base;
+    cp_async16(&dst[r][c * 8], src, ok ? 16 : 0);
+  }
+}
+
+// Sum over the 4 threads of a quad (the threads that share one accumulator row).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// grid (ceil(sq / 64), heads), block 128.
+template <int D>
+__global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
+  static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
+  constexpr int kKSteps = D / 16;  // k-steps of Q K^T
+  constexpr int kDTiles = D / 8;   // n-tiles of P V
+  constexpr int kNTiles = kBlockK / 8;
+  __shared__ alignas(16) __nv_bfloat16 ks[kBlockK][D + kPad];  // also stages the Q tile at the start
+  __shared__ alignas(16) __nv_bfloat16 vs[kBlockK][D + kPad];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.y;
+  const int qt0 = blockIdx.x * kBlockQ;  // first (local) query of this CTA
+  const size_t row_stride = (size_t)p.heads * D;
+  const int qrow[2] = {qt0 + warp * 16 + g, qt0 + warp * 16 + g + 8};  // local query index of my two rows
+  const int qpos[2] = {p.q0 + qrow[0], p.q0 + qrow[1]};                // their global positions
+  const int q_last = p.q0 + min(qt0 + kBlockQ, p.sq) - 1;              // last valid global query of the CTA
+
+  // Q tile -> registers (A fragments), through the K buffer.
+  load_tile<D>(ks, p.q + (size_t)h * D, row_stride, qt0, p.sq);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t qf[kKSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    const int r = warp * 16 + g, c = kk * 16 + t * 2;
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(&ks[r][c]);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c]);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(&ks[r][c + 8]);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c + 8]);
+  }
+  __syncthreads();
+
+  // Running state of my two rows. l is this thread's PARTIAL row sum (its 1/4 of the columns): it is summed
+  // over the quad only when stored or written, so a loaded full sum goes to the quad's thread 0 alone.
+  float o[kDTiles][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nd = 0; nd < kDTiles; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  if (p.load_state) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (qrow[i] >= p.sq) continue;
+      const size_t row = (size_t)h * p.sq + qrow[i];
+      m[i] = p.ws_ml[row * 2];
+      l[i] = t == 0 ? p.ws_ml[row * 2 + 1] : 0.f;
+#pragma unroll
+      for (int nd = 0; nd < kDTiles; ++nd) {
+        const float2 v = *reinterpret_cast<const float2*>(p.ws_o + row * D + nd * 8 + t * 2);
+        o[nd][2 * i] = v.x;
+        o[nd][2 * i + 1] = v.y;
+      }
+    }
+  }
+
+#pragma unroll 1
+  for (int si = 0; si < p.n_seg; ++si) {
+    const Segment sg = p.seg[si];
+    if (sg.n_keys <= 0) continue;
+    if (p.causal && sg.key0 > q_last) continue;  // every key after every query of this CTA
+    if (sg.flag != nullptr) {
+      if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
+      __syncthreads();
+    }
+    const int n_end = p.causal ? min(sg.n_keys, q_last - sg.key0 + 1) : sg.n_keys;
+    const __nv_bfloat16* kb = sg.k + (size_t)h * D;
+    const __nv_bfloat16* vb = sg.v + (size_t)h * D;
+#pragma unroll 1
+    for (int kt0 = 0; kt0 < n_end; kt0 += kBlockK) {
+      load_tile<D>(ks, kb, row_stride, kt0, sg.n_keys);
+      cp_async_commit();
+      load_tile<D>(vs, vb, row_stride, kt0, sg.n_keys);
+      cp_async_commit();
+      cp_async_wait<1>();  // K has landed; V still in flight during Q K^T
+      __syncthreads();
+
+      float s[kNTiles][4];
+      // K fragments of n-tiles (nt, nt+1) and k-step kk in one ldmatrix: matrix i of lane l is keys
+      // (nt + i/2)*8 + l%8, head dims kk*16 + (i%2)*8 .. +8 -> {b0b1, b2b3} of nt, then of nt + 1.
+      const int mrow = lane & 7, mi = lane >> 3;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; nt += 2) {
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          uint32_t kb4[4];
+          ldmatrix_x4(kb4, &ks[(nt + (mi >> 1)) * 8 + mrow][kk * 16 + (mi & 1) * 8]);
+          mma_bf16(s[nt], qf[kk], kb4[0], kb4[1]);
+          mma_bf16(s[nt + 1], qf[kk], kb4[2], kb4[3]);
+        }
+      }
+      // Mask keys past the segment's end and, causally, keys after the row's query.
+      const bool need_mask = kt0 + kBlockK > sg.n_keys || (p.causal && sg.key0 + kt0 + kBlockK - 1 > p.q0 + qt0);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[nt][e] * p.scale_log2;
+          if (need_mask) {
+            const int j = kt0 + nt * 8 + t * 2 + (e & 1);
+            if (j >= sg.n_keys || (p.causal && sg.key0 + j > qpos[e >> 1])) x = -INFINITY;
+          }
+          s[nt][e] = x;
+        }
+      }
+      // Online softmax update of both rows.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+        const float m_new = fmaxf(m[i], quad_max(mx));
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far: no NaN from -inf - -inf
+        const float alpha = exp2f(m[i] - m_use);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
+          s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
+          sum += s[nt][2 * i] + s[nt][2 * i + 1];
+        }
+        l[i] = l[i] * alpha + sum;
+        m[i] = m_new;
+#pragma unroll
+        for (int nd = 0; nd < kDTiles; ++nd) {
+          o[nd][2 * i] *= alpha;
+          o[nd][2 * i + 1] *= alpha;
+        }
+      }
+
+      cp_async_wait<0>();  // V has landed
+      __syncthreads();
+      // O += P V: P (bf16) straight from the S accumulators, V fragments from smem.
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        uint32_t pa[4];
+        pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        // V fragments of d-tiles (nd, nd+1) in one transposing ldmatrix: matrix i of lane l is keys
+        // kk*16 + (i%2)*8 + l%8, head dims (nd + i/2)*8 .. +8 -> {b0b1, b2b3} of nd, then of nd + 1.
+#pragma unroll
+        for (int nd = 0; nd < kDTiles; nd += 2) {
+          uint32_t vb4[4];
+          ldmatrix_x4_trans(vb4, &vs[kk * 16 + (mi & 1) * 8 + mrow][(nd + (mi >> 1)) * 8]);
+          mma_bf16(o[nd], pa, vb4[0], vb4[1]);
+          mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
+        }
+      }
+      __syncthreads();  // everyone is done with ks / vs before the next tile overwrites them
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float l_full = quad_sum(l[i]);  // all lanes take part in the shuffle
+    if (qrow[i] >= p.sq) continue;
+    const size_t row = (size_t)h * p.sq + qrow[i];
+    if (p.store_state) {
+      if (t == 0) {
+        p.ws_ml[row * 2] = m[i];
+        p.ws_ml[row * 2 + 1] = l_full;
+      }
+#pragma unroll
+      for (int nd = 0; nd < kDTiles; ++nd)
+        *reinterpret_cast<float2*>(p.ws_o + row * D + nd * 8 + t * 2) = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
+    }
+    if (p.write_out) {
+      const float inv = 1.f / l_full;  // l_full == 0 (no key at all) writes inf/NaN: verification fails loudly
+      __nv_bfloat16* orow = p.o + (size_t)qrow[i] * row_stride + (size_t)h * D;
+#pragma unroll
+      for (int nd = 0; nd < kDTiles; ++nd)
+        *reinterpret_cast<__nv_bfloat162*>(orow + nd * 8 + t * 2) =
+            __floats2bfloat162_rn(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+    }
+  }
+}
+
+// Host: log2(e) / sqrt(d), the scale the kernel applies to Q K^T before exp2.
+inline float scale_log2(int d) { return (float)(1.4426950408889634 / sqrt((double)d)); }
+
+// Enqueue one attention launch on `stream`; cudaErrorInvalidValue for a head dim other than 32, 64, 128.
+inline cudaError_t launch(const Params& p, int d, cudaStream_t stream) {
+  if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
+  const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
+  switch (d) {
+    case 32: flash_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(p); break;
+    case 64: flash_fwd_kernel<64><<<grid, kThreads, 0, stream>>>(p); break;
+    case 128: flash_fwd_kernel<128><<<grid, kThreads, 0, stream>>>(p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace attn
+
+#endif  // ATTENTION_KERNEL_CUH_
+// ==== END attention_kernel.cuh ====
+
+namespace {
+
+enum class Placement { kSequential, kOverlapped };
+enum class Sync { kBarrier, kChunkFlags };
+enum class Issuer { kWarp, kCta };
+enum class WaitMode { kInKernel, kWaitKernel };
+
+// EVOLVE-BLOCK-START knobs
+constexpr Placement kPlacement = Placement::kOverlapped;  // knob: {Placement::kSequential, Placement::kOverlapped}
+constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}
+constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
+constexpr int kChunks = 2;  // knob: {1, 2, 4}
+constexpr WaitMode kWaitMode = WaitMode::kInKernel;  // knob: {WaitMode::kInKernel, WaitMode::kWaitKernel}
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 256;          // threads per put CTA
+constexpr int kLoadBatch = 4;             // 16-byte loads each thread keeps in flight before storing them
+constexpr int kWarpVecsPerLane = 8;       // kWarp: 32 lanes x 8 x 16 B = 4 KiB per piece
+constexpr int kCtaVecsPerThread = 8;      // kCta: 256 threads x 8 x 16 B = 32 KiB per piece
+constexpr int kOverlapPutSmPercent = 20;  // kOverlapped: share of the SMs the put grid may hold
+constexpr int kWaitThreads = 32;          // threads of a wait kernel
+// EVOLVE-BLOCK-END
+
+constexpr int kBf16Bytes = 2;
+constexpr int kVecBytes = 16;  // one uint4: 8 bf16
+constexpr int kWarpSize = 32;
+
+#define CP_TRY(call)                     \
+  do {                                   \
+    const int cp_rc_ = (call);           \
+    if (cp_rc_ != CUCO_OK) return cp_rc_; \
+  } while (0)
+
+template <Issuer I>
+__host__ __device__ constexpr int unit_threads() {
+  return I == Issuer::kWarp ? kWarpSize : kPutThreads;
+}
+template <Issuer I>
+__host__ __device__ constexpr size_t piece_vecs() {
+  return I == Issuer::kWarp ? (size_t)kWarpSize * kWarpVecsPerLane : (size_t)kPutThreads * kCtaVecsPerThread;
+}
+
+// Everything a put launch needs, passed by value.
+struct PutArgs {
+  const uint4* k;                   // this rank's K shard as 16-byte vectors
+  const uint4* v;                   // this rank's V shard
+  ncclWindow_t kg, vg;              // ncclGetLsaPointer(kg, off, p) is p's kg + off
+  uint64_t* const* flag_peers;      // device table: every rank's flag words
+  unsigned long long* arrivals;     // local, [chunk][peer]: pieces stored so far, ever growing
+  ncclDevComm dc;                   // for the LSA barrier (kSync == kBarrier)
+  size_t chunk_vecs;                // 16-byte vectors per chunk of one tensor (Cs * H * D / 8)
+  size_t own_offset;                // bytes from kg's start to this rank's tokens (r * Sr * H * D * 2)
+  int rank, world;
+  unsigned long long pieces;        // pieces per (chunk, tensor); a (chunk, peer) completes at 2 * pieces
+  uint64_t epoch;
+};
+
+struct State {
+  int seq, heads, d, rank, world, rows_per_rank, chunk_rows;
+  const uint64_t* my_flags;         // this rank's first candidate flag word
+  PutArgs put;
+  attn::Params attn;                // q, o, workspace, sizes; segments and modes are set per launch
+  attn::Segment local;              // the local block (no wait)
+  attn::Segment remote[attn::kMaxSegments];  // remote blocks this rank needs, flags set (kChunkFlags)
+  int n_remote;
+  float* ws;                        // fp32 workspace: O [H, Sr, D] then (m, l) [H, Sr, 2]
+  bool dc_made;
+  cudaStream_t side;
+  cudaEvent_t fork, join;
+  int put_grid;
+  int barrier_count;
+};
+
+bool tensor_ok(const cuco_tensor_t* t, int64_t rows, int64_t heads, int64_t d) {
+  return t != nullptr && t->dtype == CUCO_DTYPE_BF16 && t->ndim == 3 && t->shape[0] == rows &&
+         t->shape[1] == heads && t->shape[2] == d && t->local != nullptr &&
+         t->capacity_bytes >= (size_t)rows * (size_t)heads * (size_t)d * kBf16Bytes;
+}
+
+int cuda_ok(cudaError_t e) { return e == cudaSuccess ? CUCO_OK : CUCO_ERR_CUDA; }
+
+size_t kv_bytes(const cuco_ctx_t* ctx) {
+  const int64_t seq = cuco_param(ctx, "SEQ"), h = cuco_param(ctx, "H"), d = cuco_param(ctx, "D");
+  if (seq <= 0 || h <= 0 || d <= 0) return 0;
+  return (size_t)seq * (size_t)h * (size_t)d * kBf16Bytes;
+}
+
+// One attention launch over `segs` on `stream`, with the state flags of its place in the sequence of launches.
+int attend(const State& s, const attn::Segment* segs, int n, bool load, bool store, bool write, uint64_t epoch,
+           cudaStream_t stream) {
+  attn::Params p = s.attn;
+  p.n_seg = n;
+  for (int i = 0; i < n; ++i) p.seg[i] = segs[i];
+  p.load_state = load;
+  p.store_state = store;
+  p.write_out = write;
+  p.epoch = epoch;
+  return cuda_ok(attn::launch(p, s.d, stream));
+}
+
+// EVOLVE-BLOCK-START put_kernel
+// Copy vectors [v0, v1) of src to dst: this thread takes v0 + lane, + stride, ... with kLoadBatch loads in
+// flight (stride = unit size: coalesced).
+__device__ __forceinline__ void copy_piece(uint4* dst, const uint4* src, size_t v0, size_t v1, int lane,
+                                           int stride) {
+  for (size_t base = v0 + lane; base < v1; base += (size_t)stride * kLoadBatch) {
+    uint4 buf[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const size_t i = base + (size_t)j * stride;
+      if (i < v1) buf[j] = __ldg(src + i);
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const size_t i = base + (size_t)j * stride;
+      if (i < v1) dst[i] = buf[j];
+    }
+  }
+}
+
+template <Issuer I>
+__device__ __forceinline__ void unit_sync() {
+  if constexpr (I == Issuer::kWarp) __syncwarp();
+  if constexpr (I == Issuer::kCta) __syncthreads();
+}
+
+// Work items are (chunk, piece, peer), chunk-major so chunks complete in order, peer fastest so every peer
+// receives chunk c at the same time; pieces [0, pieces) are K, [pieces, 2*pieces) are V. With kChunkFlags the
+// unit's leader bumps the (chunk, peer) arrival counter (acq_rel, system scope: it carries the unit's stores
+// along) and the leader that completes the count raises the peer's (source = rank, chunk) flag. With kBarrier
+// every CTA then joins LSA barrier blockIdx.x: it returns once the same CTA of every peer has stored its share.
+// A kCta unit's trip count is the same for all its threads (item is per CTA), so __syncthreads is safe.
+template <Issuer I, Sync S>
+__global__ void __launch_bounds__(kPutThreads) put_kernel(PutArgs a) {
+  constexpr int kUnitThreads = unit_threads<I>();
+  constexpr int kUnitsPerCta = kPutThreads / kUnitThreads;
+  constexpr size_t kPieceVecs = piece_vecs<I>();
+  const int lane = (int)(threadIdx.x % kUnitThreads);
+  const size_t unit = (size_t)blockIdx.x * kUnitsPerCta + threadIdx.x / kUnitThreads;
+  const size_t n_units = (size_t)gridDim.x * kUnitsPerCta;
+  const size_t peers = (size_t)(a.world - 1);
+  const size_t per_chunk = peers * 2 * a.pieces;
+  const size_t items = (size_t)kChunks * per_chunk;
+  for (size_t item = unit; item < items; item += n_units) {
+    const int c = (int)(item / per_chunk);
+    const size_t rem = item % per_chunk;
+    const size_t piece2 = rem / peers;
+    const int peer = (a.rank + 1 + (int)(rem % peers)) % a.world;
+    const bool is_v = piece2 >= a.pieces;
+    const size_t piece = is_v ? piece2 - a.pieces : piece2;
+    const size_t v0 = piece * kPieceVecs;
+    const size_t v1 = v0 + kPieceVecs < a.chunk_vecs ? v0 + kPieceVecs : a.chunk_vecs;
+    const uint4* src = (is_v ? a.v : a.k) + (size_t)c * a.chunk_vecs;
+    uint4* dst = (uint4*)ncclGetLsaPointer(is_v ? a.vg : a.kg,
+                                           a.own_offset + (size_t)c * a.chunk_vecs * kVecBytes, peer);
+    copy_piece(dst, src, v0, v1, lane, kUnitThreads);
+    if constexpr (S == Sync::kChunkFlags) {
+      unit_sync<I>();
+      if (lane == 0) {
+        cuda::atomic_ref<unsigned long long, cuda::thread_scope_system> arrived(
+            a.arrivals[(size_t)c * a.world + peer]);
+        const unsigned long long before = arrived.fetch_add(1ull, cuda::memory_order_acq_rel);
+        if ((before + 1) % (2 * a.pieces) == 0)
+          cuco_signal(cuco_user_flag(a.flag_peers, peer, (size_t)a.rank * kChunks + c), a.epoch);
+      }
+    }
+  }
+  if constexpr (S == Sync::kBarrier) {
+    ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), a.dc, ncclTeamTagLsa(), blockIdx.x);
+    bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  }
+}
+
+// Spin until *flag >= epoch (one thread; the rest of the grid has nothing to do).
+__global__ void wait_kernel(const uint64_t* flag, uint64_t epoch) {
+  if (threadIdx.x == 0) cuco_wait(flag, epoch);
+}
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START launch_shape
+// Put CTAs, capped at what can be resident at once: with kBarrier every CTA spins in the barrier until its
+// peers' twins arrive, so the put grids of all ranks sharing a GPU (symm) must fit on it together. Overlapped
+// puts keep to kOverlapPutSmPercent of the SMs so the attention keeps the rest.
+int plan_grids(const cuco_ctx_t* ctx, State& s) {
+  int occupancy = 0;
+  CP_TRY(cuda_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, put_kernel<kIssuer, kSync>,
+                                                               kPutThreads, 0)));
+  int sms = ctx->sm_count;
+  if (sms <= 0) CP_TRY(cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
+  const int sharing = ctx->backend == CUCO_BACKEND_SYMM ? s.world : 1;  // ranks on this GPU
+  long long resident = std::max(1LL, (long long)sms * occupancy / sharing);
+  if constexpr (kPlacement == Placement::kOverlapped)
+    resident = std::min(resident, std::max(1LL, (long long)sms * kOverlapPutSmPercent / 100 / sharing));
+  const long long units_per_cta = kPutThreads / unit_threads<kIssuer>();
+  const long long items = (long long)kChunks * (s.world - 1) * 2 * (long long)s.put.pieces;
+  s.put_grid = (int)std::max(1LL, std::min(resident, (items + units_per_cta - 1) / units_per_cta));
+  // Flags need no barrier, but a devComm with one keeps setup identical across variants.
+  s.barrier_count = kSync == Sync::kBarrier ? s.put_grid : 1;
+  return CUCO_OK;
+}
+// EVOLVE-BLOCK-END
+
+void release(cuco_ctx_t* ctx, State* s) {
+  if (s == nullptr) return;
+  if (s->join) cudaEventDestroy(s->join);
+  if (s->fork) cudaEventDestroy(s->fork);
+  if (s->side) cudaStreamDestroy(s->side);
+  if (s->put.arrivals) cudaFree(s->put.arrivals);
+  if (s->ws) cudaFree(s->ws);
+  if (s->dc_made) cuco_devcomm_destroy(ctx, &s->put.dc);
+  delete s;
+}
+
+// EVOLVE-BLOCK-START schedule
+int launch_puts(State& s, cudaStream_t stream, uint64_t epoch) {
+  PutArgs a = s.put;
+  a.epoch = epoch;
+  put_kernel<kIssuer, kSync><<<s.put_grid, kPutThreads, 0, stream>>>(a);
+  return cuda_ok(cudaGetLastError());
+}
+
+// Attention of the local block and then every remote block this rank needs, on ctx->stream.
+int attend_all(State& s, cudaStream_t stream, uint64_t epoch) {
+  attn::Segment segs[attn::kMaxSegments];
+  if constexpr (kSync == Sync::kBarrier && kPlacement == Placement::kOverlapped) {
+    // Local block while the puts travel; the remote blocks once the put grid (and its barrier) is done.
+    if (s.n_remote == 0) return attend(s, &s.local, 1, false, false, true, epoch, stream);
+    CP_TRY(attend(s, &s.local, 1, false, true, false, epoch, stream));
+    CP_TRY(cuda_ok(cudaStreamWaitEvent(stream, s.join, 0)));
+    for (int i = 0; i < s.n_remote; ++i) {
+      segs[i] = s.remote[i];
+      segs[i].flag = nullptr;
+    }
+    return attend(s, segs, s.n_remote, true, false, true, epoch, stream);
+  } else if constexpr (kSync == Sync::kBarrier || kWaitMode == WaitMode::kInKernel) {
+    // One launch: local block first, then every remote block (waiting on its flag inside the kernel; under
+    // kBarrier + kSequential the put grid has already finished on this stream, so no flags).
+    segs[0] = s.local;
+    for (int i = 0; i < s.n_remote; ++i) {
+      segs[1 + i] = s.remote[i];
+      if constexpr (kSync == Sync::kBarrier) segs[1 + i].flag = nullptr;
+    }
+    return attend(s, segs, 1 + s.n_remote, false, false, true, epoch, stream);
+  } else {
+    // kWaitKernel: one launch per block, the state carried in the workspace, a wait kernel before each remote.
+    CP_TRY(attend(s, &s.local, 1, false, s.n_remote > 0, s.n_remote == 0, epoch, stream));
+    for (int i = 0; i < s.n_remote; ++i) {
+      wait_kernel<<<1, kWaitThreads, 0, stream>>>(s.remote[i].flag, epoch);
+      CP_TRY(cuda_ok(cudaGetLastError()));
+      attn::Segment seg = s.remote[i];
+      seg.flag = nullptr;
+      const bool last = i == s.n_remote - 1;
+      CP_TRY(attend(s, &seg, 1, true, !last, last, epoch, stream));
+    }
+    return CUCO_OK;
+  }
+}
+
+int schedule(cuco_ctx_t* ctx, State& s) {
+  const uint64_t epoch = ctx->epoch;
+  if (s.world == 1) return attend(s, &s.local, 1, false, false, true, epoch, ctx->stream);  // nothing to gather
+  if constexpr (kPlacement == Placement::kSequential) {
+    CP_TRY(launch_puts(s, ctx->stream, epoch));
+    return attend_all(s, ctx->stream, epoch);
+  } else {
+    // Fork: the puts read this step's k / v, which the harness filled on ctx->stream. Puts are enqueued first
+    // (highest priority) so their CTAs are dispatched before any attention CTA can spin on a flag.
+    CP_TRY(cuda_ok(cudaEventRecord(s.fork, ctx->stream)));
+    CP_TRY(cuda_ok(cudaStreamWaitEvent(s.side, s.fork, 0)));
+    CP_TRY(launch_puts(s, s.side, epoch));
+    CP_TRY(cuda_ok(cudaEventRecord(s.join, s.side)));
+    CP_TRY(attend_all(s, ctx->stream, epoch));
+    return cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0));  // rejoin the side stream
+  }
+}
+// EVOLVE-BLOCK-END
+
+}  // namespace
+
+CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
+  const size_t bytes = kv_bytes(ctx);
+  if (max_req < 2 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
+  memset(req, 0, 2 * sizeof(req[0]));
+  strncpy(req[0].name, "kg", CUCO_NAME_LEN - 1);
+  strncpy(req[1].name, "vg", CUCO_NAME_LEN - 1);
+  req[0].bytes = req[1].bytes = bytes;
+  return 2;
+}
+
+CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
+  CUCO_CHECK_ABI(ctx);
+  if (ctx->backend != cuco_build_backend) return CUCO_ERR_BACKEND;  // built for the other backend
+  const int64_t SEQ = cuco_param(ctx, "SEQ"), H = cuco_param(ctx, "H"), D = cuco_param(ctx, "D");
+  const int64_t CAUSAL = cuco_param(ctx, "CAUSAL");
+  const int W = ctx->world_size;
+  // Shards split into kChunks whole chunks; every (source, chunk) block is one attention segment.
+  if (SEQ <= 0 || H <= 0 || W < 1 || (D != 32 && D != 64 && D != 128) || (CAUSAL != 0 && CAUSAL != 1) ||
+      SEQ % ((int64_t)W * kChunks) != 0 || 1 + (W - 1) * kChunks > attn::kMaxSegments)
+    return CUCO_ERR_PARAM;
+  if (W > 1 && ctx->flags.count < CUCO_FLAGS_RESERVED + (size_t)W * kChunks)
+    return CUCO_ERR_PARAM;  // not enough candidate flag words for one per (source, chunk)
+  const int64_t Sr = SEQ / W;
+  cuco_tensor_t* q = cuco_tensor(ctx, "q");
+  cuco_tensor_t* k = cuco_tensor(ctx, "k");
+  cuco_tensor_t* v = cuco_tensor(ctx, "v");
+  cuco_tensor_t* o = cuco_tensor(ctx, "o");
+  if (!tensor_ok(q, Sr, H, D) || !tensor_ok(k, Sr, H, D) || !tensor_ok(v, Sr, H, D) || !tensor_ok(o, Sr, H, D))
+    return CUCO_ERR_PARAM;
+  cuco_tensor_t* kg = cuco_scratch(ctx, "kg");
+  cuco_tensor_t* vg = cuco_scratch(ctx, "vg");
+  const size_t bytes = kv_bytes(ctx);
+  if (kg == nullptr || vg == nullptr || kg->local == nullptr || vg->local == nullptr ||
+      kg->capacity_bytes < bytes || vg->capacity_bytes < bytes)
+    return CUCO_ERR_PARAM;
+  if (W > 1 && (cuco_window(kg) == nullptr || cuco_window(vg) == nullptr || ctx->flags.peers == nullptr ||
+                ctx->flags.local == nullptr))
+    return CUCO_ERR_BACKEND;  // pushing needs the peers' windows and flags
+
+  State* s = new State();
+  ctx->user = s;
+  s->seq = (int)SEQ;
+  s->heads = (int)H;
+  s->d = (int)D;
+  s->rank = ctx->rank;
+  s->world = W;
+  s->rows_per_rank = (int)Sr;
+  s->chunk_rows = (int)(Sr / kChunks);
+  s->my_flags = ctx->flags.local == nullptr ? nullptr : ctx->flags.local + CUCO_FLAGS_RESERVED;
+  const size_t row_elems = (size_t)H * (size_t)D;
+
+  attn::Params& p = s->attn;
+  p.q = (const __nv_bfloat16*)q->local;
+  p.o = (__nv_bfloat16*)o->local;
+  p.sq = (int)Sr;
+  p.heads = (int)H;
+  p.q0 = s->rank * (int)Sr;
+  p.causal = (int)CAUSAL;
+  p.scale_log2 = attn::scale_log2((int)D);
+  s->local = attn::Segment{(const __nv_bfloat16*)k->local, (const __nv_bfloat16*)v->local, nullptr, p.q0, (int)Sr};
+  // Remote blocks, previous rank first (causally the nearest keys); causally, blocks after our last query go.
+  const __nv_bfloat16* kgl = (const __nv_bfloat16*)kg->local;
+  const __nv_bfloat16* vgl = (const __nv_bfloat16*)vg->local;
+  for (int j = 1; j < W; ++j) {
+    const int src = (s->rank - j + W) % W;
+    for (int c = 0; c < kChunks; ++c) {
+      const int key0 = src * (int)Sr + c * s->chunk_rows;
+      if (CAUSAL && key0 > p.q0 + (int)Sr - 1) continue;
+      const size_t off = (size_t)key0 * row_elems;
+      s->remote[s->n_remote++] =
+          attn::Segment{kgl + off, vgl + off, s->my_flags + (size_t)src * kChunks + c, key0, s->chunk_rows};
+    }
+  }
+
+  PutArgs& a = s->put;
+  a.k = (const uint4*)k->local;
+  a.v = (const uint4*)v->local;
+  a.kg = cuco_window(kg);
+  a.vg = cuco_window(vg);
+  a.flag_peers = ctx->flags.peers;
+  a.chunk_vecs = (size_t)s->chunk_rows * row_elems * kBf16Bytes / kVecBytes;
+  a.own_offset = (size_t)s->rank * (size_t)Sr * row_elems * kBf16Bytes;
+  a.rank = s->rank;
+  a.world = W;
+  a.pieces = (a.chunk_vecs + piece_vecs<kIssuer>() - 1) / piece_vecs<kIssuer>();
+
+  const size_t ws_floats = (size_t)H * (size_t)Sr * ((size_t)D + 2);
+  int rc = cuda_ok(cudaMalloc(&s->ws, ws_floats * sizeof(float)));
+  if (rc == CUCO_OK) {
+    p.ws_o = s->ws;
+    p.ws_ml = s->ws + (size_t)H * (size_t)Sr * (size_t)D;
+    rc = plan_grids(ctx, *s);
+  }
+  if (rc == CUCO_OK) rc = cuco_devcomm_create(ctx, s->barrier_count, &a.dc);
+  if (rc == CUCO_OK) {
+    s->dc_made = true;
+    // Push needs one LSA team spanning the world (one NVLink domain); world rank q is then LSA rank q.
+    if (a.dc.lsaSize != W || a.dc.lsaRank != s->rank) {
+      fprintf(stderr, "device_lsa: LSA team %d/%d does not span the world %d/%d\n", a.dc.lsaRank, a.dc.lsaSize,
+              s->rank, W);
+      rc = CUCO_ERR_BACKEND;
+    }
+  }
+  if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
+  // The side stream gets the highest priority so put CTAs are scheduled ahead of queued attention CTAs.
+  int lowest = 0, highest = 0;
+  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, highest));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
+  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
+  if (rc != CUCO_OK) {
+    release(ctx, s);
+    ctx->user = nullptr;
+  }
+  return rc;
+}
+
+CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
+  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
+  return schedule(ctx, *(State*)ctx->user);
+}
+
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
+  release(ctx, (State*)ctx->user);
+  ctx->user = nullptr;
+  return CUCO_OK;
+}

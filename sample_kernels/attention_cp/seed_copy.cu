@@ -1,0 +1,498 @@
+// seed_copy.cu — attention with context parallelism, host-driven through the copy engines (the seed where host
+// NCCL cannot run).
+// cuco: backends=symm,nccl
+//
+// Same computation as seed_nccl.cu: the sequence (SEQ tokens, H heads, head dim D) is split across W ranks,
+// rank r holds tokens [r*Sr, (r+1)*Sr) (Sr = SEQ/W) and computes the attention output of its queries over the
+// whole sequence (causal when CAUSAL=1, comparing global positions):
+//
+//     q, k, v  [Sr, H, D]   this rank's tokens               (inputs "q", "k", "v"; peers' k / v via peers_host)
+//     kg, vg   [SEQ, H, D]  every rank's k / v, rank order   (scratch windows "kg", "vg", declared below)
+//     o        [Sr, H, D]   softmax(q kg^T / sqrt(D)) vg     (output "o")
+//
+// Data flow of one step, everything on ctx->stream:
+//
+//     for p in r, r+1, ..., r-1 (mod W):  k, v of rank p ──cudaMemcpyAsync (pull)──▶ kg, vg tokens [p*Sr, ..)
+//     then                                kg, vg ──flash attention (tensor cores)──▶ o
+//
+// Each copy READS a peer's k / v through the pointer the harness mapped into this process (torch symmetric
+// memory under `symm`, NVLink peer mappings under `nccl`) and runs on a DMA copy engine, not on SMs. Copies
+// and attention are stream-ordered, so as in seed_nccl.cu nothing overlaps. The harness's pre-step device
+// barrier guarantees every rank's k / v hold this step's inputs before any rank pulls them.
+//
+// The attention kernel is the shared one of attention_kernel.cuh, copied verbatim below (a candidate is one
+// file), over one segment: the whole gathered sequence. Under `symm` the ranks share one GPU (and one L2):
+// timings say nothing about NVLink.
+#include <cuda_bf16.h>
+
+#include "cuco_abi.h"
+
+// ==== BEGIN attention_kernel.cuh (verbatim copy of the master in this folder; do not edit here) ====
+// attention_kernel.cuh — the tensor-core flash-attention forward kernel shared by the three attention_cp sources.
+//
+// The candidate ABI builds ONE .cu file (cuco_kit/evaluate/build.py compiles the candidate's text alone in a
+// temporary directory), so an #include of this file would not resolve there. Each source therefore carries a
+// verbatim copy between the lines "// ==== BEGIN attention_kernel.cuh" and "// ==== END attention_kernel.cuh";
+// this file is the master and tests/unit/test_attention_cp_workload.py fails when a copy drifts from it.
+//
+// What it computes. Queries q [Sq, H, D] (token-major, bf16) of one rank, whose first query sits at global
+// sequence position q0, attend over a list of K/V SEGMENTS: segment s holds n_keys consecutive tokens of the
+// global sequence starting at position key0, its K and V laid out like q ([n_keys, H, D], row stride H*D).
+// Softmax scale 1/sqrt(D); causal masking compares GLOBAL positions (key > query is masked), so a rank's
+// sequence offset is respected whatever block of the sequence a segment is.
+//
+// Online softmax (flash attention 2): each CTA owns 64 queries of one head (4 warps x 16 rows), keeps its Q
+// fragments in registers, streams K/V in tiles of 64 keys through shared memory (cp.async, the V load overlaps
+// the Q K^T product) and keeps per-row running max m, running sum l and the unnormalised output O in
+// registers. The segments ARE the log-sum-exp merge: moving from one segment to the next just continues the
+// online softmax. Across kernel launches the same state can be stored to / loaded from an fp32 workspace
+// (store_state / load_state), which is the LSE merge of partial results computed by separate launches
+// (O = O1 * 2^(m1 - m) + O2 * 2^(m2 - m), l likewise; m is kept in log2 units).
+//
+// Tensor cores: mma.sync.m16n8k16 bf16 x bf16 -> fp32 (inline PTX). S = Q K^T per warp is 16 x 64 (8 n-tiles,
+// D/16 k-steps); P is rounded to bf16 and reused in registers as the A operand of P V (the accumulator layout
+// of two neighbouring n-tiles is the A-fragment layout of one k-step), as in FlashAttention 2. K and V
+// fragments come from shared memory with ldmatrix (V with .trans), rows padded by 16 bytes so the eight row
+// addresses of each 8x8 matrix hit distinct banks.
+//
+// Waiting on arrival (device-initiated variants): a segment may carry a flag; before the first tile of that
+// segment, thread 0 spins until *flag >= epoch (ld.acquire.sys) and the CTA's barrier hands the acquired
+// view to every thread. Segments a CTA skips entirely (causal: all keys after its last query) are never
+// waited for.
+#ifndef ATTENTION_KERNEL_CUH_
+#define ATTENTION_KERNEL_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace attn {
+
+constexpr int kMaxSegments = 64;  // W * chunks <= 64 (8 ranks x 8 chunks)
+constexpr int kBlockQ = 64;       // queries per CTA (4 warps x 16 rows)
+constexpr int kBlockK = 64;       // keys per streamed tile
+constexpr int kThreads = 128;
+constexpr int kPad = 8;           // bf16 of padding per smem row: conflict-free 32-bit fragment loads
+
+struct Segment {
+  const __nv_bfloat16* k;  // token key0 of this segment (head 0); token key0 + j at k + j * H * D
+  const __nv_bfloat16* v;
+  const uint64_t* flag;    // wait for *flag >= epoch before reading (nullptr: already present)
+  int key0;                // global sequence position of the segment's first key
+  int n_keys;
+};
+
+struct Params {
+  const __nv_bfloat16* q;  // [sq, heads, d]
+  __nv_bfloat16* o;        // [sq, heads, d], written when write_out
+  float* ws_o;             // [heads, sq, d] fp32 unnormalised O (load_state / store_state)
+  float* ws_ml;            // [heads, sq, 2] fp32 (m in log2 units, l)
+  int sq, heads, q0, causal;
+  float scale_log2;        // log2(e) / sqrt(d)
+  uint64_t epoch;
+  int n_seg;
+  int load_state, store_state, write_out;
+  Segment seg[kMaxSegments];
+};
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16-byte global -> shared copy; src_bytes 0 fills zeros (rows past the segment's end).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void wait_flag(const uint64_t* flag, uint64_t epoch) {
+  uint64_t v;
+#pragma unroll 1
+  do {
+    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
+  } while (v < epoch);
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+// Four 8x8 b16 matrices from shared memory; lanes 8i..8i+7 give the row addresses of matrix i. Plain: lane l
+// receives row l/4, columns 2(l%4), +1 of each matrix; .trans: column l/4, rows 2(l%4), +1 (the mma B layout
+// when the matrix rows are keys and the columns head dims, i.e. V stored token-major).
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* smem_row) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(smem_row);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+// Stage rows [row0, row0 + 64) of a [*, H, D] tensor (head already applied to `base`) into smem rows of
+// stride D + kPad; rows >= n_rows are zero-filled.
+template <int D>
+__device__ __forceinline__ void load_tile(__nv_bfloat16 (*dst)[D + kPad], const __nv_bfloat16* base,
+                                          size_t row_stride, int row0, int n_rows) {
+  constexpr int kVecsPerRow = D / 8;
+  constexpr int kVecs = kBlockK * kVecsPerRow;
+#pragma unroll
+  for (int i = threadIdx.x; i < kVecs; i += kThreads) {
+    const int r = i / kVecsPerRow, c = i % kVecsPerRow;
+    const bool ok = row0 + r < n_rows;
+    const __nv_bfloat16* src = ok ? base + (size_t)(row0 + r) * row_stride + c * 8 : base;
+    cp_async16(&dst[r][c * 8], src, ok ? 16 : 0);
+  }
+}
+
+// Sum over the 4 threads of a quad (the threads that share one accumulator row).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// grid (ceil(sq / 64), heads), block 128.
+template <int D>
+__global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
+  static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
+  constexpr int kKSteps = D / 16;  // k-steps of Q K^T
+  constexpr int kDTiles = D / 8;   // n-tiles of P V
+  constexpr int kNTiles = kBlockK / 8;
+  __shared__ alignas(16) __nv_bfloat16 ks[kBlockK][D + kPad];  // also stages the Q tile at the start
+  __shared__ alignas(16) __nv_bfloat16 vs[kBlockK][D + kPad];
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane >> 2, t = lane & 3;
+  const int h = blockIdx.y;
+  const int qt0 = blockIdx.x * kBlockQ;  // first (local) query of this CTA
+  const size_t row_stride = (size_t)p.heads * D;
+  const int qrow[2] = {qt0 + warp * 16 + g, qt0 + warp * 16 + g + 8};  // local query index of my two rows
+  const int qpos[2] = {p.q0 + qrow[0], p.q0 + qrow[1]};                // their global positions
+  const int q_last = p.q0 + min(qt0 + kBlockQ, p.sq) - 1;              // last valid global query of the CTA
+
+  // Q tile -> registers (A fragments), through the K buffer.
+  load_tile<D>(ks, p.q + (size_t)h * D, row_stride, qt0, p.sq);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t qf[kKSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    const int r = warp * 16 + g, c = kk * 16 + t * 2;
+    qf[kk][0] = *reinterpret_cast<const uint32_t*>(&ks[r][c]);
+    qf[kk][1] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c]);
+    qf[kk][2] = *reinterpret_cast<const uint32_t*>(&ks[r][c + 8]);
+    qf[kk][3] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c + 8]);
+  }
+  __syncthreads();
+
+  // Running state of my two rows. l is this thread's PARTIAL row sum (its 1/4 of the columns): it is summed
+  // over the quad only when stored or written, so a loaded full sum goes to the quad's thread 0 alone.
+  float o[kDTiles][4];
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int nd = 0; nd < kDTiles; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  if (p.load_state) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (qrow[i] >= p.sq) continue;
+      const size_t row = (size_t)h * p.sq + qrow[i];
+      m[i] = p.ws_ml[row * 2];
+      l[i] = t == 0 ? p.ws_ml[row * 2 + 1] : 0.f;
+#pragma unroll
+      for (int nd = 0; nd < kDTiles; ++nd) {
+        const float2 v = *reinterpret_cast<const float2*>(p.ws_o + row * D + nd * 8 + t * 2);
+        o[nd][2 * i] = v.x;
+        o[nd][2 * i + 1] = v.y;
+      }
+    }
+  }
+
+#pragma unroll 1
+  for (int si = 0; si < p.n_seg; ++si) {
+    const Segment sg = p.seg[si];
+    if (sg.n_keys <= 0) continue;
+    if (p.causal && sg.key0 > q_last) continue;  // every key after every query of this CTA
+    if (sg.flag != nullptr) {
+      if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
+      __syncthreads();
+    }
+    const int n_end = p.causal ? min(sg.n_keys, q_last - sg.key0 + 1) : sg.n_keys;
+    const __nv_bfloat16* kb = sg.k + (size_t)h * D;
+    const __nv_bfloat16* vb = sg.v + (size_t)h * D;
+#pragma unroll 1
+    for (int kt0 = 0; kt0 < n_end; kt0 += kBlockK) {
+      load_tile<D>(ks, kb, row_stride, kt0, sg.n_keys);
+      cp_async_commit();
+      load_tile<D>(vs, vb, row_stride, kt0, sg.n_keys);
+      cp_async_commit();
+      cp_async_wait<1>();  // K has landed; V still in flight during Q K^T
+      __syncthreads();
+
+      float s[kNTiles][4];
+      // K fragments of n-tiles (nt, nt+1) and k-step kk in one ldmatrix: matrix i of lane l is keys
+      // (nt + i/2)*8 + l%8, head dims kk*16 + (i%2)*8 .. +8 -> {b0b1, b2b3} of nt, then of nt + 1.
+      const int mrow = lane & 7, mi = lane >> 3;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; nt += 2) {
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          uint32_t kb4[4];
+          ldmatrix_x4(kb4, &ks[(nt + (mi >> 1)) * 8 + mrow][kk * 16 + (mi & 1) * 8]);
+          mma_bf16(s[nt], qf[kk], kb4[0], kb4[1]);
+          mma_bf16(s[nt + 1], qf[kk], kb4[2], kb4[3]);
+        }
+      }
+      // Mask keys past the segment's end and, causally, keys after the row's query.
+      const bool need_mask = kt0 + kBlockK > sg.n_keys || (p.causal && sg.key0 + kt0 + kBlockK - 1 > p.q0 + qt0);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[nt][e] * p.scale_log2;
+          if (need_mask) {
+            const int j = kt0 + nt * 8 + t * 2 + (e & 1);
+            if (j >= sg.n_keys || (p.causal && sg.key0 + j > qpos[e >> 1])) x = -INFINITY;
+          }
+          s[nt][e] = x;
+        }
+      }
+      // Online softmax update of both rows.
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
+        const float m_new = fmaxf(m[i], quad_max(mx));
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far: no NaN from -inf - -inf
+        const float alpha = exp2f(m[i] - m_use);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
+          s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
+          sum += s[nt][2 * i] + s[nt][2 * i + 1];
+        }
+        l[i] = l[i] * alpha + sum;
+        m[i] = m_new;
+#pragma unroll
+        for (int nd = 0; nd < kDTiles; ++nd) {
+          o[nd][2 * i] *= alpha;
+          o[nd][2 * i + 1] *= alpha;
+        }
+      }
+
+      cp_async_wait<0>();  // V has landed
+      __syncthreads();
+      // O += P V: P (bf16) straight from the S accumulators, V fragments from smem.
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / 16; ++kk) {
+        uint32_t pa[4];
+        pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
+        pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+        pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        // V fragments of d-tiles (nd, nd+1) in one transposing ldmatrix: matrix i of lane l is keys
+        // kk*16 + (i%2)*8 + l%8, head dims (nd + i/2)*8 .. +8 -> {b0b1, b2b3} of nd, then of nd + 1.
+#pragma unroll
+        for (int nd = 0; nd < kDTiles; nd += 2) {
+          uint32_t vb4[4];
+          ldmatrix_x4_trans(vb4, &vs[kk * 16 + (mi & 1) * 8 + mrow][(nd + (mi >> 1)) * 8]);
+          mma_bf16(o[nd], pa, vb4[0], vb4[1]);
+          mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
+        }
+      }
+      __syncthreads();  // everyone is done with ks / vs before the next tile overwrites them
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float l_full = quad_sum(l[i]);  // all lanes take part in the shuffle
+    if (qrow[i] >= p.sq) continue;
+    const size_t row = (size_t)h * p.sq + qrow[i];
+    if (p.store_state) {
+      if (t == 0) {
+        p.ws_ml[row * 2] = m[i];
+        p.ws_ml[row * 2 + 1] = l_full;
+      }
+#pragma unroll
+      for (int nd = 0; nd < kDTiles; ++nd)
+        *reinterpret_cast<float2*>(p.ws_o + row * D + nd * 8 + t * 2) = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
+    }
+    if (p.write_out) {
+      const float inv = 1.f / l_full;  // l_full == 0 (no key at all) writes inf/NaN: verification fails loudly
+      __nv_bfloat16* orow = p.o + (size_t)qrow[i] * row_stride + (size_t)h * D;
+#pragma unroll
+      for (int nd = 0; nd < kDTiles; ++nd)
+        *reinterpret_cast<__nv_bfloat162*>(orow + nd * 8 + t * 2) =
+            __floats2bfloat162_rn(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+    }
+  }
+}
+
+// Host: log2(e) / sqrt(d), the scale the kernel applies to Q K^T before exp2.
+inline float scale_log2(int d) { return (float)(1.4426950408889634 / sqrt((double)d)); }
+
+// Enqueue one attention launch on `stream`; cudaErrorInvalidValue for a head dim other than 32, 64, 128.
+inline cudaError_t launch(const Params& p, int d, cudaStream_t stream) {
+  if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
+  const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
+  switch (d) {
+    case 32: flash_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(p); break;
+    case 64: flash_fwd_kernel<64><<<grid, kThreads, 0, stream>>>(p); break;
+    case 128: flash_fwd_kernel<128><<<grid, kThreads, 0, stream>>>(p); break;
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace attn
+
+#endif  // ATTENTION_KERNEL_CUH_
+// ==== END attention_kernel.cuh ====
+
+namespace {
+
+constexpr int kBf16Bytes = 2;
+
+struct State {
+  int heads, d, rows_per_rank, rank, world;
+  const void* k_local;
+  const void* v_local;
+  void* const* k_peers;  // host copies of every rank's k / v pointers (may be NULL at world size 1)
+  void* const* v_peers;
+  __nv_bfloat16* kg;
+  __nv_bfloat16* vg;
+  attn::Params p;
+};
+
+bool tensor_ok(const cuco_tensor_t* t, int64_t rows, int64_t heads, int64_t d) {
+  return t != nullptr && t->dtype == CUCO_DTYPE_BF16 && t->ndim == 3 && t->shape[0] == rows &&
+         t->shape[1] == heads && t->shape[2] == d && t->local != nullptr &&
+         t->capacity_bytes >= (size_t)rows * (size_t)heads * (size_t)d * kBf16Bytes;
+}
+
+bool scratch_ok(const cuco_tensor_t* t, size_t bytes) {
+  return t != nullptr && t->local != nullptr && t->capacity_bytes >= bytes;
+}
+
+bool peers_ok(const cuco_tensor_t* t, int rank, int world) {
+  if (world == 1) return true;
+  if (t->peers_host == nullptr) return false;
+  for (int q = 0; q < world; ++q)
+    if (q != rank && t->peers_host[q] == nullptr) return false;
+  return true;
+}
+
+size_t kv_bytes(const cuco_ctx_t* ctx) {
+  const int64_t seq = cuco_param(ctx, "SEQ"), h = cuco_param(ctx, "H"), d = cuco_param(ctx, "D");
+  if (seq <= 0 || h <= 0 || d <= 0) return 0;
+  return (size_t)seq * (size_t)h * (size_t)d * kBf16Bytes;
+}
+
+}  // namespace
+
+CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
+  const size_t bytes = kv_bytes(ctx);
+  if (max_req < 2 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
+  memset(req, 0, 2 * sizeof(req[0]));
+  strncpy(req[0].name, "kg", CUCO_NAME_LEN - 1);
+  strncpy(req[1].name, "vg", CUCO_NAME_LEN - 1);
+  req[0].bytes = req[1].bytes = bytes;
+  return 2;
+}
+
+CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
+  CUCO_CHECK_ABI(ctx);
+  const int64_t SEQ = cuco_param(ctx, "SEQ"), H = cuco_param(ctx, "H"), D = cuco_param(ctx, "D");
+  const int64_t CAUSAL = cuco_param(ctx, "CAUSAL");
+  const int W = ctx->world_size;
+  if (SEQ <= 0 || H <= 0 || W < 1 || SEQ % W != 0 || (D != 32 && D != 64 && D != 128) ||
+      (CAUSAL != 0 && CAUSAL != 1))
+    return CUCO_ERR_PARAM;
+  const int64_t Sr = SEQ / W;
+  cuco_tensor_t* q = cuco_tensor(ctx, "q");
+  cuco_tensor_t* k = cuco_tensor(ctx, "k");
+  cuco_tensor_t* v = cuco_tensor(ctx, "v");
+  cuco_tensor_t* o = cuco_tensor(ctx, "o");
+  if (!tensor_ok(q, Sr, H, D) || !tensor_ok(k, Sr, H, D) || !tensor_ok(v, Sr, H, D) || !tensor_ok(o, Sr, H, D))
+    return CUCO_ERR_PARAM;
+  cuco_tensor_t* kg = cuco_scratch(ctx, "kg");
+  cuco_tensor_t* vg = cuco_scratch(ctx, "vg");
+  if (!scratch_ok(kg, kv_bytes(ctx)) || !scratch_ok(vg, kv_bytes(ctx))) return CUCO_ERR_PARAM;
+  // Pulling from peers needs their k / v mapped into this process (not needed for our own shard).
+  if (!peers_ok(k, ctx->rank, W) || !peers_ok(v, ctx->rank, W)) return CUCO_ERR_BACKEND;
+
+  State* s = new State();
+  s->heads = (int)H;
+  s->d = (int)D;
+  s->rows_per_rank = (int)Sr;
+  s->rank = ctx->rank;
+  s->world = W;
+  s->k_local = k->local;
+  s->v_local = v->local;
+  s->k_peers = k->peers_host;
+  s->v_peers = v->peers_host;
+  s->kg = (__nv_bfloat16*)kg->local;
+  s->vg = (__nv_bfloat16*)vg->local;
+  attn::Params& p = s->p;
+  p.q = (const __nv_bfloat16*)q->local;
+  p.o = (__nv_bfloat16*)o->local;
+  p.sq = (int)Sr;
+  p.heads = (int)H;
+  p.q0 = ctx->rank * (int)Sr;
+  p.causal = (int)CAUSAL;
+  p.scale_log2 = attn::scale_log2((int)D);
+  p.n_seg = 1;
+  p.write_out = 1;
+  p.seg[0] = attn::Segment{s->kg, s->vg, nullptr, 0, (int)SEQ};
+  ctx->user = s;
+  return CUCO_OK;
+}
+
+CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
+  const State& s = *(const State*)ctx->user;
+  const size_t shard_elems = (size_t)s.rows_per_rank * s.heads * s.d;
+  // 1. Gather by pulling: our own shard first (a local copy), then the next ranks, so at any moment the ranks
+  //    read from different peers instead of all hammering rank 0.
+  for (int j = 0; j < s.world; ++j) {
+    const int q = (s.rank + j) % s.world;
+    const void* ksrc = q == s.rank ? s.k_local : s.k_peers[q];
+    const void* vsrc = q == s.rank ? s.v_local : s.v_peers[q];
+    if (cudaMemcpyAsync(s.kg + (size_t)q * shard_elems, ksrc, shard_elems * kBf16Bytes, cudaMemcpyDefault,
+                        ctx->stream) != cudaSuccess ||
+        cudaMemcpyAsync(s.vg + (size_t)q * shard_elems, vsrc, shard_elems * kBf16Bytes, cudaMemcpyDefault,
+                        ctx->stream) != cudaSuccess)
+      return CUCO_ERR_CUDA;
+  }
+  // 2. Compute: attention over the whole gathered sequence, after every copy (same stream).
+  return attn::launch(s.p, s.d, ctx->stream) == cudaSuccess ? CUCO_OK : CUCO_ERR_CUDA;
+}
+
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
+  delete (State*)ctx->user;
+  ctx->user = nullptr;
+  return CUCO_OK;
+}
