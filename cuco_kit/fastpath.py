@@ -610,9 +610,12 @@ class FastPath:
     def _build(self, code: str, backend: str) -> Any:
         if self._builder is not None:
             return self._builder(code, backend, self.config.build_config, self.config.cache_dir)
-        from cuco_kit.evaluate.build import build
+        from cuco_kit.evaluate.build import build, for_workload
 
-        return build(code, backend, self.config.build_config, self.config.cache_dir)
+        cfg = self.config.build_config
+        if self.workload_dir is not None:
+            cfg = for_workload(cfg, self.workload_dir)
+        return build(code, backend, cfg, self.config.cache_dir)
 
     def _has_gpu(self) -> bool:
         if self._gpu is None:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -78,12 +79,26 @@ class BuildConfig:
     cublas_lib: Path | None = field(default_factory=lambda: _wheel_subdir("cu13", "lib"))
     toolkit_include: Path = TOOLKIT_INCLUDE
     runtime_dir: Path = RUNTIME_DIR
+    # A workload's own frozen headers (*.cuh in its folder, e.g. a kernel its seeds and baseline share): on the
+    # include path and in the cache key. Set through for_workload(); candidates stay one file plus these.
+    workload_include: Path | None = None
     extra_flags: tuple[str, ...] = ()
     timeout_s: float = 300.0
 
     def include_dirs(self) -> list[Path]:
-        dirs = [self.runtime_dir, self.nccl_include, self.cublas_include, self.toolkit_include]
+        dirs = [self.runtime_dir, self.workload_include, self.nccl_include, self.cublas_include,
+                self.toolkit_include]
         return [d for d in dirs if d is not None]
+
+
+def for_workload(cfg: BuildConfig | None, directory: str | Path) -> BuildConfig:
+    """``cfg`` with the workload's folder on the include path when it ships headers (``*.cuh``); otherwise
+    ``cfg`` unchanged, so workloads without headers keep their build commands and cache keys."""
+    cfg = cfg or BuildConfig()
+    d = Path(directory)
+    if not any(d.glob("*.cuh")):
+        return cfg
+    return dataclasses.replace(cfg, workload_include=d.resolve())
 
 
 @dataclass
@@ -183,7 +198,10 @@ def _nvcc_version(nvcc: str) -> str:
 def _headers_digest(cfg: BuildConfig) -> str:
     """Bytes of the runtime headers plus the NCCL version: a header edit must invalidate cached builds."""
     h = hashlib.sha256()
-    for p in sorted(Path(cfg.runtime_dir).glob("*.h")):
+    headers = sorted(Path(cfg.runtime_dir).glob("*.h"))
+    if cfg.workload_include is not None:
+        headers += sorted(Path(cfg.workload_include).glob("*.cuh"))
+    for p in headers:
         h.update(p.name.encode())
         h.update(p.read_bytes())
     if cfg.nccl_include is not None and (Path(cfg.nccl_include) / "nccl.h").exists():

@@ -183,8 +183,9 @@ class GpuEvaluator:
     def prebuild(self, request: EvalRequest) -> bool:
         """L1 for a request ahead of its evaluation (thread-safe, no GPU): the search calls this for upcoming
         candidates so nvcc runs while the GPU evaluates. Returns whether the build succeeded (or was cached)."""
-        return bool(_build_mod().build(request.candidate_code, request.backend, self.cfg.build,
-                                       self.cfg.cache_dir).ok)
+        bm = _build_mod()
+        cfg = bm.for_workload(self.cfg.build, request.workload_dir)
+        return bool(bm.build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
 
     def close(self) -> None:
         """End every warm world and stop the MPS daemon if we started it (idempotent)."""
@@ -218,7 +219,8 @@ class GpuEvaluator:
         # L1
         bm = _build_mod()
         _emit(progress, level="L1", rank=None, step="build", done=0, total=1)
-        b = bm.build(req.candidate_code, req.backend, self.cfg.build, self.cfg.cache_dir)
+        bcfg = bm.for_workload(self.cfg.build, wl.directory)
+        b = bm.build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
         logs["build"] = _tail(b.log)
         prov["build_seconds"] = round(b.seconds, 3)
         prov["build_cached"] = b.cached
@@ -237,7 +239,7 @@ class GpuEvaluator:
         seed_so = None
         if req.measure_seed:
             seed_code = wl.seed_for(req.backend).read_text()
-            sb = bm.build(seed_code, req.backend, self.cfg.build, self.cfg.cache_dir)
+            sb = bm.build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
             if not sb.ok:
                 logs["seed_build"] = _tail(sb.log)
                 return EvalResult("L1", "error", f"the workload's {req.backend} seed does not build: the "

@@ -1,9 +1,8 @@
 // attention_kernel.cuh — the tensor-core flash-attention forward kernel shared by the three attention_cp sources.
 //
-// The candidate ABI builds ONE .cu file (cuco_kit/evaluate/build.py compiles the candidate's text alone in a
-// temporary directory), so an #include of this file would not resolve there. Each source therefore carries a
-// verbatim copy between the lines "// ==== BEGIN attention_kernel.cuh" and "// ==== END attention_kernel.cuh";
-// this file is the master and tests/unit/test_attention_cp_workload.py fails when a copy drifts from it.
+// The three sources #include it: build.for_workload puts a workload's folder on the include path when it ships
+// *.cuh headers and hashes them into the build cache key, so an edit here rebuilds every candidate. It is
+// frozen library code for the search (outside every candidate's EVOLVE blocks).
 //
 // What it computes. Queries q [Sq, H, D] (token-major, bf16) of one rank, whose first query sits at global
 // sequence position q0, attend over a list of K/V SEGMENTS: segment s holds n_keys consecutive tokens of the

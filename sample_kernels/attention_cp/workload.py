@@ -48,9 +48,6 @@ SIZE_PRESETS = {
 # The shared kernel's master copy and the markers around its verbatim copy in each source (a candidate is one
 # file: build.py compiles the text alone, so the sources cannot #include a sibling header).
 KERNEL_HEADER = "attention_kernel.cuh"
-KERNEL_BEGIN = "// ==== BEGIN attention_kernel.cuh (verbatim copy of the master in this folder; do not edit here) ===="
-KERNEL_END = "// ==== END attention_kernel.cuh ===="
-SOURCES = ("seed_nccl.cu", "seed_copy.cu", "device_lsa.cu")
 
 
 def validate(params: Params, world: int) -> None:
@@ -154,38 +151,6 @@ def comm_bytes(params: Params, world: int) -> float:
     SEQ, H, D, _ = _dims(params, world)
     return float(2 * (world - 1) * (SEQ // world) * H * D * BF16_BYTES)
 
-
-def embed_kernel(source: str, header: str) -> str:
-    """`source` with the text between its kernel markers replaced by `header` (used to refresh the copies after
-    editing attention_kernel.cuh; see the README)."""
-    begin, end = source.find(KERNEL_BEGIN), source.find(KERNEL_END)
-    if begin < 0 or end < begin:
-        raise BadInput(f"no '{KERNEL_BEGIN[:40]}...' / '{KERNEL_END}' markers in the source")
-    body_start = begin + len(KERNEL_BEGIN) + 1
-    return source[:body_start] + header + source[end:]
-
-
-def embedded_kernel(source: str) -> str:
-    """The kernel copy between the markers of `source`."""
-    begin, end = source.find(KERNEL_BEGIN), source.find(KERNEL_END)
-    if begin < 0 or end < begin:
-        raise BadInput(f"no '{KERNEL_BEGIN[:40]}...' / '{KERNEL_END}' markers in the source")
-    return source[begin + len(KERNEL_BEGIN) + 1:end]
-
-
-def sync_kernel_copies(directory: str | Path | None = None) -> list[str]:
-    """Rewrite the kernel copy in every source from the master header; returns the files that changed."""
-    d = Path(directory) if directory is not None else Path(__file__).resolve().parent
-    header = (d / KERNEL_HEADER).read_text()
-    changed = []
-    for name in SOURCES:
-        path = d / name
-        old = path.read_text()
-        new = embed_kernel(old, header)
-        if new != old:
-            path.write_text(new)
-            changed.append(name)
-    return changed
 
 
 WORKLOAD = Workload(

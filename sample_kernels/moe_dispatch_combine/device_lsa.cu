@@ -62,8 +62,11 @@
 #include <vector>
 
 #include "cuco_lsa.h"
+#include "moe_kernels.cuh"  // the workload's shared kernels: frozen, on the include path (build.for_workload)
 
 namespace {
+
+using namespace moe_kernels;  // routing, gather, SwiGLU, combine: shared by all three sources
 
 enum class Placement { kSequential, kTwoStream };
 enum class SyncScope { kRank, kCta };
@@ -90,7 +93,6 @@ constexpr int kBf16Bytes = 2;
 constexpr int kI32Bytes = 4;
 constexpr int kF32Bytes = 4;
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16
-constexpr int kWarpSize = 32;
 constexpr int kMaxExperts = 1024;
 constexpr int kThreads = 256;
 constexpr int kCtasPerSm = 4;
@@ -199,56 +201,7 @@ int refuse_capture(cudaStream_t stream) {
 
 // ---- routing -------------------------------------------------------------------------------------------------
 
-__global__ void count_experts(const int* idx, int n, int E, int* counts) {
-  for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < n; j += gridDim.x * blockDim.x) {
-    const int e = idx[j];
-    if (e >= 0 && e < E) atomicAdd(&counts[e], 1);
-  }
-}
-
-// send_off = exclusive prefix of counts (E <= kMaxExperts: one thread is fast enough), fill = 0.
-__global__ void scan_counts(const int* counts, int E, int* send_off, int* fill) {
-  if (threadIdx.x == 0) {
-    int acc = 0;
-    for (int e = 0; e < E; ++e) {
-      send_off[e] = acc;
-      acc += counts[e];
-    }
-    send_off[E] = acc;
-  }
-  for (int e = threadIdx.x; e < E; e += blockDim.x) fill[e] = 0;
-}
-
-// One warp per assignment j = t*K + k: lane 0 claims the next free row of its expert, the warp copies x[t].
-// An expert id outside [0, E) gets pos -1 and is dropped (inputs never hold one for a valid token).
-__global__ void gather_rows(const uint4* x, const int* idx, int n, int K, int E, int row_vecs, const int* send_off,
-                            int* fill, int* pos, uint4* send) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int n_warps = gridDim.x * (blockDim.x / kWarpSize);
-  for (int j = (blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize; j < n; j += n_warps) {
-    const int e = idx[j];
-    int p = -1;
-    if (lane == 0 && e >= 0 && e < E) p = send_off[e] + atomicAdd(&fill[e], 1);
-    p = __shfl_sync(0xffffffffu, p, 0);
-    if (lane == 0) pos[j] = p;
-    if (p < 0) continue;
-    const uint4* src = x + (size_t)(j / K) * row_vecs;
-    uint4* dst = send + (size_t)p * row_vecs;
-    for (int v = lane; v < row_vecs; v += kWarpSize) dst[v] = src[v];
-  }
-}
-
 // ---- expert MLP ----------------------------------------------------------------------------------------------
-
-__global__ void swiglu(const __nv_bfloat16* gu, size_t rows, int I, __nv_bfloat16* act) {
-  const size_t n = rows * (size_t)I;
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const size_t r = i / I, c = i - r * I;
-    const float g = __bfloat162float(gu[r * 2 * I + c]);
-    const float u = __bfloat162float(gu[r * 2 * I + I + c]);
-    act[i] = __float2bfloat16(g / (1.0f + __expf(-g)) * u);
-  }
-}
 
 // out[row0 + i] = expert le applied to x rows [0, n); gu / act rows row0.. are its workspace.
 int expert_mlp(cublasHandle_t handle, const State& s, int le, const __nv_bfloat16* x, int n, size_t row0,
