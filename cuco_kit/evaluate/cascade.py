@@ -25,7 +25,7 @@ from typing import Any
 
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 from cuco_kit.evaluate.harness import FLUSH_BYTES, iteration_stats
-from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerPool
+from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
 from cuco_kit.workload import load_workload
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -186,6 +186,47 @@ class GpuEvaluator:
         bm = _build_mod()
         cfg = bm.for_workload(self.cfg.build, request.workload_dir)
         return bool(bm.build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
+
+    def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
+                 timeout_s: float = 300.0) -> str:
+        """Run `request`'s candidate once (one trial, one iteration) at world size 1 in a fresh rank worker under
+        compute-sanitizer memcheck and return what the rank printed (the sanitizer's report is in it).
+
+        A fresh worker, never a warm one: the tool must see the process from its start, and a faulted context is
+        unusable anyway. Slow (the tool instruments every kernel, torch's and NCCL's too), so it is for naming
+        the kernel behind an illegal memory access, not for the search loop."""
+        exe = shutil.which("compute-sanitizer") or next(
+            (str(p) for p in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "compute-sanitizer",)
+             if p.exists()), None)
+        if exe is None:
+            raise RuntimeError("compute-sanitizer is not on PATH (it ships with the CUDA toolkit, in its bin/)")
+        req = EvalRequest(**{**request.__dict__, "world_size": 1})
+        wl = load_workload(req.workload_dir)
+        params = wl.resolve(req.params)
+        if so_path is None:
+            bm = _build_mod()
+            b = bm.build(req.candidate_code, req.backend, bm.for_workload(self.cfg.build, wl.directory),
+                         self.cfg.cache_dir)
+            if not b.ok:
+                return "build failed:\n" + _tail(b.log)
+            so_path = b.so_path
+        scratch = Path(tempfile.mkdtemp(prefix="sanitize-", dir=self.root))
+        spec = self._group_spec(req, params, scratch)
+        # memcheck only: racecheck/synccheck would flag the intended cross-rank flag protocol
+        spec.wrapper = [exe, "--tool", "memcheck", "--print-limit", "20", "--target-processes", "all"]
+        group = WorkerGroup(spec, PoolConfig(start_timeout_s=timeout_s))
+        note = ""
+        try:
+            group.start()
+            group.request({"op": "eval", "trials": 1, "warmup": 0, "iters": 1, "verify_every": 1, "seed": req.seed,
+                           "jitter_us": 0.0, "setup_limit_s": timeout_s, "so_path": str(so_path),
+                           "role": "candidate", "step_limit_s": timeout_s}, timeout_s=timeout_s)
+        except WorkerError as exc:
+            note = f"[the sanitized run ended: {exc.kind}: {exc}]\n" + "\n".join(exc.logs.values())
+        finally:
+            group.close()  # first: the tool prints its summary when the rank exits
+        logs = group.tails(limit=20000)
+        return scrub("\n".join([*logs.values(), note]))
 
     def close(self) -> None:
         """End every warm world and stop the MPS daemon if we started it (idempotent)."""

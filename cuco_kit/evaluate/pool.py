@@ -45,6 +45,7 @@ class GroupSpec:
     local_ranks: list[int] | None = None
     python: str = sys.executable
     pythonpath: str | None = None  # prepended to PYTHONPATH so `-m cuco_kit.evaluate.worker` imports
+    wrapper: list[str] = field(default_factory=list)  # a tool the ranks run under (compute-sanitizer ...)
 
 
 @dataclass
@@ -87,7 +88,7 @@ class WorkerGroup:
         pp = [p for p in (spec.pythonpath, os.environ.get("PYTHONPATH")) if p]
         if pp:
             env["PYTHONPATH"] = os.pathsep.join(pp)
-        self.group = launch([spec.python, "-m", "cuco_kit.evaluate.worker"], spec.world, scratch=spec.scratch,
+        self.group = launch([*spec.wrapper, spec.python, "-m", "cuco_kit.evaluate.worker"], spec.world, scratch=spec.scratch,
                             master_port=self.port, extra_env=env, per_rank_env=spec.per_rank_env,
                             local_ranks=spec.local_ranks)
         keys = [f"ready/{r}" for r in range(spec.world)]

@@ -31,6 +31,7 @@ def evaluator():
     ev.close()
 
 
+@pytest.mark.timeout(300)
 def test_fastpath_reaches_l2_at_two_ranks_and_catches_dropped_peer_stores(evaluator) -> None:
     a, b, drop = ((DATA / n).read_text() for n in ("gemm_stage_a.cu", "gemm_stage_b_lsa.cu",
                                                     "gemm_stage_b_drop_peers.cu"))
@@ -49,3 +50,19 @@ def test_fastpath_reaches_l2_at_two_ranks_and_catches_dropped_peer_stores(evalua
     assert good.verdict == "pass", good.reason
     assert [(r.provenance.get("world_size"), r.verdict) for r in good.eval_result] == [(1, "pass"), (2, "pass")]
     assert res.status == "passed" and res.outcomes["annotate"].status == "fallback"
+
+
+@pytest.mark.timeout(420)
+def test_sanitizer_names_the_kernel_behind_an_illegal_memory_access(evaluator) -> None:
+    from cuco_kit.evaluate.api import EvalRequest
+    from cuco_kit.fastpath import sanitize
+    from cuco_kit.fastpath_steps import has_illegal_access
+
+    code = (ROOT / "tests" / "data" / "adversarial" / "out_of_bounds.cu").read_text()
+    req = EvalRequest(candidate_code=code, workload_dir=str(ROOT / "sample_kernels" / "allgather"), world_size=2,
+                      backend="nccl", trials=1, iters=2, measure_seed=False)
+    res = evaluator.evaluate(EvalRequest(**{**req.__dict__, "world_size": 1}))
+    assert res.verdict == "fail" and has_illegal_access([res.reason, res.logs]), res.reason
+    report = sanitize(evaluator, req, timeout_s=240)  # the fast path's call: world 1 whatever the request said
+    assert report.available, report.message
+    assert report.kernel is not None and "allgather_push" in report.kernel, report.log[-3000:]
