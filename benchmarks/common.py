@@ -85,6 +85,9 @@ def base_args(description: str, out_default: Path) -> argparse.ArgumentParser:
     ap.add_argument("--smoke", action="store_true", help="seeds + default + opposite variant, L2 only")
     ap.add_argument("--skip-l2", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
+    ap.add_argument("--l2-presets", default=None, help="comma list replacing the script's L2 presets")
+    ap.add_argument("--only", default=None, metavar="REGEX",
+                    help="run only the seeds and variants whose names match (a re-run of a few after a fix)")
     return ap
 
 
@@ -100,6 +103,10 @@ class SampleBench:
         self.baseline = (self.wl_dir / self.wl.baseline).read_text()
         self.seeds = {n: (self.wl_dir / n).read_text() for n in ("seed_nccl.cu", "seed_copy.cu")}
         self.variants = smoke_variants(self.baseline) if args.smoke else covering_variants(self.baseline)
+        if args.only:
+            keep = re.compile(args.only)
+            self.seeds = {n: c for n, c in self.seeds.items() if keep.search(n)}
+            self.variants = [(kv, c) for kv, c in self.variants if keep.search(short(kv))]
         self.worlds = [int(w) for w in args.worlds.split(",") if w]
         self.ev = GpuEvaluator(EvaluatorConfig())
         self.rows: list[dict[str, Any]] = []
@@ -112,8 +119,7 @@ class SampleBench:
         """Every source for every backend this run uses, in parallel (nvcc is the slow part of a cold run)."""
         backends = sorted({WORLD_BACKEND[w] for w in self.worlds})
         jobs = [(c, b) for _, c in self.variants for b in backends]
-        jobs += [(self.seeds["seed_copy.cu"], b) for b in backends]
-        jobs += [(self.seeds["seed_nccl.cu"], "nccl")] if "nccl" in backends else []
+        jobs += [(c, b) for n, c in self.seeds.items() for b in backends if b == "nccl" or n != "seed_nccl.cu"]
         jobs += list(extra)
         t0 = time.monotonic()
         with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
@@ -151,8 +157,9 @@ class SampleBench:
         return row
 
     def l2(self, presets: Iterable[str]) -> None:
-        """L2 (several fresh-input trials) of both seeds and every variant at every world size and preset."""
-        for preset in presets:
+        """L2 (several fresh-input trials) of both seeds and every variant at every world size and preset
+        (`--l2-presets` replaces the script's list)."""
+        for preset in self.args.l2_presets.split(",") if self.args.l2_presets else presets:
             for world in self.worlds:
                 for name, code in self.seeds.items():
                     if WORLD_BACKEND[world] == "symm" and name == "seed_nccl.cu":

@@ -65,7 +65,7 @@ def main() -> int:
                     b.bench(preset, world)
             if 1 in b.worlds:
                 for preset in KERNEL_PRESETS:
-                    b.run("seed_nccl.cu", b.seeds["seed_nccl.cu"], 1, preset, "kernel", iters=args.iters,
+                    b.run("seed_nccl.cu", (b.wl_dir / "seed_nccl.cu").read_text(), 1, preset, "kernel", iters=args.iters,
                           measure_seed=False, timeline=True)
     finally:
         b.close()

@@ -36,6 +36,7 @@ from cuco_kit.evaluate import abi
 FLUSH_BYTES = 256 << 20  # >= 2x the 60 MB L2 of H100/H200
 HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
 CUDA_ERROR_CAPTURE_UNJOINED = 904
+CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
 CUDA_ERROR_CAPTURE_INVALIDATED = 901
 CUDA_ERROR_CAPTURE_UNSUPPORTED = 900
 
@@ -605,7 +606,11 @@ class _Evaluation:
             self.notes.append(f"stream capture check inconclusive: the step cannot be captured ({name(endc)}; "
                               f"e.g. it synchronises a stream inside cuco_step); forked work is checked by the "
                               f"output snapshots only")
-            self.recycle = True
+            # A step that cannot be captured (a host read of device counts, as in the MoE sample) leaves the
+            # stream out of capture mode and nothing sticky behind: the process keeps serving. Anything else
+            # raised by then is not a capture error, and the process is replaced after this candidate.
+            if last != 0 and last not in CUDA_CAPTURE_ERRORS:
+                self.recycle = True
             return self._eager_after_capture()
         if step_rc != 0:
             return f"cuco_step returned {abi.ERROR_NAMES.get(step_rc, step_rc)} (under stream capture)"

@@ -110,7 +110,10 @@ CUCO_H_EXPORT int cuco_h_capture(int (*step)(void*), void* ctx, cudaStream_t str
   out[5] = (int)cudaGetLastError();
   if (out[2] == cudaSuccess && graph != nullptr) {
     cudaGraphExec_t exec = nullptr;
-    out[3] = (int)cudaGraphInstantiate(&exec, graph, 0);
+    // Kernel nodes keep the priority of the stream they were captured from only with this flag; without it the
+    // whole graph runs at the launch stream's priority, and a step whose spinning consumer relies on a
+    // high-priority producer stream (puts ahead of in-kernel waits) could starve itself here but not eagerly.
+    out[3] = (int)cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
     if (out[3] == cudaSuccess) {
       if (launch) {
         out[4] = (int)cudaGraphLaunch(exec, stream);

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The sample benchmarks on the device machine, several steps in ONE call, each under what is left of the call:
+#   CALL_S=570 scripts/device_samples.sh STEP [STEP ...]
+# STEP is one of
+#   attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_bench kv gemm8192_w4 timeline
+# (attention_fix: the Overlapped/ChunkFlags variants and the copy seed again at 4 ranks, L2 and benchmark;
+#  moe_l2_skew: L2 at the 5:1 skew preset alone)
+# Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (the device tool returns at most 8
+# files), and prints its last lines. A step gets `--budget-s` = what is left minus a margin, so it stops starting
+# evaluations in time to write its JSON; steps that no longer fit are reported as not started.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
+PY=${PYTHON:-python3}
+OUT=${OUT:-benchmarks/out}
+WORK=$(mktemp -d)
+CALL_S=${CALL_S:-570}
+MARGIN_S=45   # writing the JSON, the torch reference child and closing the workers after the last evaluation
+ITERS=${ITERS:-10}
+mkdir -p "$OUT"
+
+command_for() {  # $1 step, $2 budget seconds, $3 step folder
+  case "$1" in
+    attention_l2)    echo "$PY benchmarks/attention_cp/run.py --skip-bench --budget-s $2 --out $3" ;;
+    attention_bench) echo "$PY benchmarks/attention_cp/run.py --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
+    attention_fix)   echo "$PY benchmarks/attention_cp/run.py --worlds 4 --only ${ONLY:-Overlapped/ChunkFlags|seed_copy} --iters $ITERS --budget-s $2 --out $3" ;;
+    moe_l2_skew)     echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-bench --l2-presets small_skew5 --budget-s $2 --out $3" ;;
+    moe_l2)          echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-bench --budget-s $2 --out $3" ;;
+    moe_bench)       echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
+    kv)              echo "$PY benchmarks/kv_transfer/run.py --iters $ITERS --budget-s $2 --out $3" ;;
+    gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
+    timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
+    *)               return 1 ;;
+  esac
+}
+
+rc=0
+for step in "$@"; do
+  left=$((CALL_S - SECONDS))
+  if [ "$left" -lt $((MARGIN_S + 30)) ]; then
+    echo "== $step: NOT STARTED ($left s left of the call)"; rc=1; continue
+  fi
+  dir="$WORK/$step"; mkdir -p "$dir"
+  cmd=$(command_for "$step" $((left - MARGIN_S)) "$dir") || { echo "== $step: unknown step"; rc=2; continue; }
+  echo "== $step ($left s left): $cmd"
+  t0=$SECONDS
+  timeout --kill-after=10 $((left - 10)) $cmd >"$dir/$step.log" 2>&1
+  src=$?
+  echo "== $step: rc=$src in $((SECONDS - t0)) s"; tail -n 25 "$dir/$step.log"
+  [ "$src" = 0 ] || rc=1
+  tar czf "$OUT/$step.tgz" -C "$WORK" "$step"
+  # anything a killed step started must not outlive it (the bracket keeps pgrep from matching this shell)
+  pkill -9 -f "[c]uco_kit.evaluate.worker" && echo "== $step: killed leftover rank workers"
+  if [ "$src" = 124 ] || [ "$src" = 137 ]; then pkill -f "[n]vidia-cuda-mps" && echo "== $step: stopped its MPS daemon"; fi
+done
+exit $rc
