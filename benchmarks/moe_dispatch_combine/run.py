@@ -106,7 +106,12 @@ def make_table(b: SampleBench, refs: dict) -> str:
                       + "; ".join(f"{k} {v['gemm_kernel_us'] / 1000:.4f} ms kernels, {v['event_ms']:.4f} ms events"
                                   for k, v in ref.items() if isinstance(v, dict) and "gemm_kernel_us" in v), ""]
         elif ref:
-            lines += [f"Expert compute check not computed: torch {ref}, ours {ours}", ""]
+            torch_txt = "; ".join(f"{k} {v['gemm_kernel_us'] / 1000:.4f} ms kernels" if "gemm_kernel_us" in v
+                                  else f"{k} {v.get('error', v)}" for k, v in ref.items() if isinstance(v, dict))
+            lines += [f"Expert compute check not computed: " + (
+                "no profiled world-1 row of ours at this preset" if not ours else "torch reference missing") +
+                f". torch on {ref.get('rows')} rows (per-expert {ref.get('counts_min')}-{ref.get('counts_max')}): "
+                f"{torch_txt or ref}", ""]
         for world in (1, 4):
             lines += bench_table(b.rows, label, world)
     if b.skipped:

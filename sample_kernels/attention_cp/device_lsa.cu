@@ -22,8 +22,8 @@
 //                     wait(flags[s*C + c] >= epoch) ─▶ attention(kg/vg block (s, c)), LSE-merged
 //                 ◀── join: the side stream's event
 //
-// The LSE merge is the flash-attention online softmax itself: the shared kernel (attention_kernel.cuh, copied
-// verbatim below) walks a list of K/V segments keeping the running max, sum and unnormalised output of each
+// The LSE merge is the flash-attention online softmax itself: the shared kernel (attention_kernel.cuh, included
+// below) walks a list of K/V segments keeping the running max, sum and unnormalised output of each
 // query row; between launches that state lives in an fp32 workspace (m, l, O), so partial results of separate
 // launches merge exactly like tiles of one launch. Causally, a rank never needs the K/V of higher ranks: their
 // segments are dropped on the host and, inside the kernel, every key tile after a CTA's last query is skipped.
@@ -54,7 +54,9 @@
 //
 // Forward progress: a kInKernel CTA spinning on a flag holds its SM. The puts never wait on anything and are
 // launched first on the highest-priority stream, so they are dispatched ahead of the attention CTAs; under
-// symm (ranks sharing one GPU) each rank's MPS thread share keeps a peer's puts from being starved.
+// symm (ranks sharing one GPU) each rank's MPS thread share keeps a peer's puts from being starved. The
+// harness's capture pass replays the step as a graph that keeps these priorities (UseNodePriority); before it
+// did, Overlapped/ChunkFlags/Cta/InKernel/4 hung there at 4 ranks (benchmarks/attention_cp/RESULTS.md).
 // Reuse of kg / vg across steps relies on the harness: every step ends with a synchronise and a host + device
 // barrier before the next, so no rank pushes step e+1 data while a peer still reads step e's blocks.
 // At world size 1 nothing is communicated: a step is one attention launch on the local K/V.

@@ -20,8 +20,8 @@
 // and attention are stream-ordered, so as in seed_nccl.cu nothing overlaps. The harness's pre-step device
 // barrier guarantees every rank's k / v hold this step's inputs before any rank pulls them.
 //
-// The attention kernel is the shared one of attention_kernel.cuh, copied verbatim below (a candidate is one
-// file), over one segment: the whole gathered sequence. Under `symm` the ranks share one GPU (and one L2):
+// The attention kernel is the shared one of attention_kernel.cuh (included below, from the workload's folder),
+// over one segment: the whole gathered sequence. Under `symm` the ranks share one GPU (and one L2):
 // timings say nothing about NVLink.
 #include <cuda_bf16.h>
 

@@ -18,7 +18,7 @@
 // is what device_lsa.cu and the search try to close.
 //
 // The attention kernel (attn::flash_fwd_kernel, mma.sync m16n8k16 bf16, online softmax) is the shared one of
-// attention_kernel.cuh, copied verbatim below (a candidate is one file). Here it runs over ONE segment: the
+// attention_kernel.cuh (included below, from the workload's folder). Here it runs over ONE segment: the
 // whole gathered sequence, keys at global positions [0, SEQ).
 //
 // Host NCCL needs the `nccl` backend (ctx->nccl_comm); under `symm` seed_copy.cu is the seed.

@@ -45,11 +45,6 @@ SIZE_PRESETS = {
     "d128": {"SEQ": 8192, "H": 8, "D": 128, "CAUSAL": 1},
 }
 
-# The shared kernel's master copy and the markers around its verbatim copy in each source (a candidate is one
-# file: build.py compiles the text alone, so the sources cannot #include a sibling header).
-KERNEL_HEADER = "attention_kernel.cuh"
-
-
 def validate(params: Params, world: int) -> None:
     """Raise BadInput naming the first parameter (or the world size) the kernels cannot use."""
     if world < 1:

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,3 +170,56 @@ def test_kernel_rows_keep_gpu_kernels_with_stream_and_times():
     rows = kernel_rows(ev, rank=3)
     assert rows == [{"rank": 3, "stream": 9, "name": "put", "start_us": 10.0, "dur_us": 2.5},
                     {"rank": 3, "stream": 7, "name": "gemm", "start_us": 20.0, "dur_us": 15.0}]
+
+
+# ---- the capture pass's verdicts, with the CUDA helper replaced by scripted codes -------------------------
+
+class _ScriptedHelpers:
+    """cuco_h_capture's out[6] = (step rc, begin, end capture, instantiate, launch, last error)."""
+
+    def __init__(self, out: tuple[int, ...]) -> None:
+        self.out = out
+
+    def cuco_h_capture(self, step, ctx, stream, launch, out) -> int:  # noqa: ANN001
+        for i, v in enumerate(self.out):
+            out[i] = v
+        return 0
+
+    @staticmethod
+    def error_name(code: int) -> str:
+        return f"code{code}"
+
+
+def _captured(out: tuple[int, ...]) -> tuple[str, Any]:
+    import ctypes
+    from types import SimpleNamespace
+
+    from cuco_kit.evaluate.harness import _Evaluation
+
+    step = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(lambda ctx: 0)
+    ev = _Evaluation.__new__(_Evaluation)
+    ev.h = SimpleNamespace(helpers=_ScriptedHelpers(out), stream=SimpleNamespace(cuda_stream=0))
+    ev.lib = SimpleNamespace(cuco_step=step)
+    ev.ctx, ev.notes, ev.recycle = abi.new_ctx(), [], False
+    ev._eager_after_capture = lambda: ""  # the eager re-run itself needs a GPU
+    return ev._captured_step(), ev
+
+
+@pytest.mark.timeout(60)
+def test_a_step_that_refuses_capture_keeps_its_worker() -> None:
+    # MoE-style: the step synchronises on purpose, the capture is invalidated (901), nothing else went wrong
+    reason, ev = _captured((1, 0, 901, 0, 0, 901))
+    assert reason == "" and not ev.recycle
+    assert any("inconclusive" in n for n in ev.notes)
+
+
+@pytest.mark.timeout(60)
+def test_a_non_capture_error_after_an_invalidated_capture_recycles_the_worker() -> None:
+    reason, ev = _captured((1, 0, 901, 0, 0, 700))  # cudaErrorIllegalAddress raised by then
+    assert reason == "" and ev.recycle
+
+
+@pytest.mark.timeout(60)
+def test_unjoined_side_stream_work_fails_and_recycles() -> None:
+    reason, ev = _captured((0, 0, 904, 0, 0, 904))
+    assert "never rejoins" in reason and ev.recycle

@@ -1,0 +1,84 @@
+"""The benchmark plumbing that decides which rows a results table shows: merging device runs (a later run
+supersedes a row and the superseded one is kept), references going with their own run's rows, and the --only
+filter of a targeted re-run."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> Any:
+    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def merge_runs() -> Any:
+    return _load("merge_runs_under_test", ROOT / "benchmarks" / "merge_runs.py")
+
+
+def _row(phase: str, name: str, world: int, preset: str, verdict: str = "pass", ms: float | None = 1.0) -> dict:
+    return {"phase": phase, "name": name, "world": world, "backend": "nccl" if world == 1 else "symm",
+            "preset": preset, "verdict": verdict, "reason": "" if verdict == "pass" else "timeout: hang",
+            "median_ms": ms}
+
+
+def _run(rows: list[dict], skipped: list[str] = (), **refs: dict) -> dict:
+    return {"meta": {"date": "2026-12-03", "skipped": list(skipped)}, **refs, "rows": rows}
+
+
+@pytest.mark.timeout(60)
+def test_a_later_run_supersedes_a_failed_row_and_keeps_it(merge_runs: Any) -> None:
+    first = _run([_row("bench", "v1", 4, "paper", "fail", None), _row("bench", "v2", 4, "paper")])
+    fix = _run([_row("bench", "v1", 4, "paper", "pass", 3.6)])
+    merged = merge_runs.merge([(first, "first"), (fix, "after the fix")])
+    by_name = {r["name"]: r for r in merged["rows"]}
+    assert by_name["v1"]["verdict"] == "pass" and by_name["v1"]["run"] == "after the fix"
+    assert by_name["v2"]["run"] == "first"
+    assert [(r["name"], r["verdict"], r["superseded_by"]) for r in merged["superseded"]] == [
+        ("v1", "fail", "after the fix")]
+
+
+@pytest.mark.timeout(60)
+def test_references_follow_the_run_that_measured_rows_beside_them(merge_runs: Any) -> None:
+    old = _run([_row("bench", "v", 1, "8192")], cublas_alone={"8192-W1": {"median_ms": 1.37}, "8192-W4": {"x": 0}})
+    new = _run([_row("bench", "v", 4, "8192")], cublas_alone={"8192-W1": {"median_ms": 1.40},
+                                                               "8192-W4": {"median_ms": 0.34}})
+    ref = merge_runs.merge([(old, "old"), (new, "new")])["cublas_alone"]
+    assert ref["8192-W1"]["median_ms"] == 1.37  # the new run measured no world-1 rows at 8192
+    assert ref["8192-W4"]["median_ms"] == 0.34
+    # an L2-only run (no benchmark rows) never replaces a preset-keyed reference
+    l2_only = _run([_row("L2", "v", 1, "small")], torch={"paper": {"kernel_us": 1.0}})
+    bench = _run([_row("bench", "v", 1, "paper")], torch={"paper": {"kernel_us": 2.0}})
+    assert merge_runs.merge([(bench, "b"), (l2_only, "l2")])["torch"]["paper"]["kernel_us"] == 2.0
+
+
+@pytest.mark.timeout(60)
+def test_a_row_skipped_in_one_run_and_measured_in_another_is_not_skipped(merge_runs: Any) -> None:
+    cut = _run([], skipped=["bench v nccl-1 paper", "bench w nccl-1 paper"])
+    later = _run([_row("bench", "v", 1, "paper")])
+    assert merge_runs.merge([(cut, "cut"), (later, "later")])["meta"]["skipped"] == ["bench w nccl-1 paper"]
+
+
+@pytest.mark.timeout(120)
+def test_only_keeps_the_matching_seeds_and_variants() -> None:
+    common = _load("bench_common_under_test", ROOT / "benchmarks" / "common.py")
+    args = argparse.Namespace(smoke=False, worlds="4", only="Overlapped/ChunkFlags/Cta/InKernel", budget_s=1.0,
+                              l2_presets=None)
+    bench = common.SampleBench("attention_cp", args)
+    try:
+        assert bench.seeds == {}
+        assert [common.short(kv) for kv, _ in bench.variants] == ["Overlapped/ChunkFlags/Cta/InKernel/4"]
+    finally:
+        bench.close()
