@@ -3,11 +3,11 @@ the benchmark table and the expert-compute check.
 
   PYTHONPATH=. python3 benchmarks/moe_dispatch_combine/run.py --out DIR [--smoke] [--budget-s 480]
 
-1. L2 (4 fresh-input trials) at the small preset, uniform routing and 5:1 skew, world size 1 (nccl) and 2 and 4
-   ranks (symm + compat): both seeds and a covering set of device_lsa.cu variants (every enum combination, the
+1. L2 (4 fresh-input trials) at the small preset, uniform routing and 5:1 skew, bf16 and block-scaled e4m3
+   dispatch (FP8=1), world size 1 (nccl) and 2 and 4 ranks (symm + compat): both seeds and a covering set of device_lsa.cu variants (every enum combination, the
    integer knobs cycling, so every value of every knob runs).
 2. Benchmark at DeepSeek-V3 expert shapes with 32 experts (dsv3_e32: T 4096, H 7168, I 2048, top-8), uniform and
-   5:1 skew, world size 1 (nccl) and 4 ranks (symm). The time is the slowest rank's (the harness's), never a
+   5:1 skew, and uniform with 8-bit dispatch, world size 1 (nccl) and 4 ranks (symm). The time is the slowest rank's (the harness's), never a
    token-weighted mean: under skew the hot experts' rank sets it.
 3. Expert compute alone: the summed duration of the cuBLAS kernels in one profiled iteration of the world-1 run
    (the nccl seed and every variant: the same GEMMs) against torch's bf16 expert GEMMs on the SAME per-expert
@@ -28,8 +28,9 @@ from common import (GEMM_KERNEL, TIMING_PRELUDE, SampleBench, base_args, bench_t
                     matching_us, median_or_none, torch_child)
 
 SAMPLE = "moe_dispatch_combine"
-L2_PRESETS = ("small", "small_skew5")
-BENCH = [("dsv3_e32", {}, "dsv3_e32"), ("dsv3_e32", {"SKEW": 500}, "dsv3_e32_skew5")]
+L2_PRESETS = ("small", "small_skew5", "small_fp8", "small_skew5_fp8")
+BENCH = [("dsv3_e32", {}, "dsv3_e32"), ("dsv3_e32", {"SKEW": 500}, "dsv3_e32_skew5"),
+         ("dsv3_e32_fp8", {}, "dsv3_e32_fp8")]
 
 TORCH_EXPERTS = TIMING_PRELUDE + r"""
 sys.path.insert(0, "sample_kernels/moe_dispatch_combine")

@@ -39,9 +39,11 @@
 //                            row straight from the expert rank's out window (no return copy)
 //   kPutBlocks  CTAs of each push kernel: SMs taken from the concurrent GEMMs vs transfer bandwidth
 //   kChunkRows  rows per work item: load balance vs per-item overhead
-// Dispatch is bf16. Block-scaled fp8 (e4m3, one fp32 scale per 128 elements) dispatch is NOT implemented yet;
-// it belongs here as a further kDispatch knob value once a quantise-on-push / dequantise-before-GEMM pair
-// exists and passes L2.
+// Dispatch wire format: the workload's FP8 parameter, not a knob (it changes the numbers the layer computes, so
+// the reference follows it). FP8=0 moves bf16 rows; FP8=1 moves block-scaled e4m3 rows (H bytes and H/128 fp32
+// scales, moe_kernels.cuh): every routed row is encoded right after the gather (own rows then computed on what
+// they decode to), the push moves wire rows into the recv window, and the arrived rows are decoded into a
+// local bf16 buffer after their flags. Outputs travel back in bf16 either way.
 //
 // Signalling (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; producers store `epoch`
 // (cuco_signal: st.release.sys after the CTA's barrier, so the CTA's stores are published) and consumers wait
@@ -146,13 +148,17 @@ struct State {
   size_t cap;
   int row_vecs;
   int grid;
+  bool fp8;                          // FP8=1: block-scaled e4m3 wire rows
+  int wire_vecs;                     // one dispatched (wire) row in 16-byte vectors
+  size_t arrived;                    // rows this rank received this step (build_plan)
   const __nv_bfloat16* x;
   const int* idx;
   const float* w;
   const __nv_bfloat16* wgu;
   const __nv_bfloat16* wd;
   __nv_bfloat16* y;
-  __nv_bfloat16 *send, *recv, *out, *ret;
+  __nv_bfloat16 *send, *recv, *out, *ret;  // send / recv: bf16 rows (the windows themselves when FP8=0)
+  uint8_t *send_wire, *recv_wire;    // the send / recv windows: wire rows
   int* counts;
   ncclWindow_t recv_win, out_win, ret_win, counts_win;
   int* send_off;
@@ -225,6 +231,19 @@ int expert_mlp(cublasHandle_t handle, const State& s, int le, const __nv_bfloat1
   return st == CUBLAS_STATUS_SUCCESS ? CUCO_OK : CUCO_ERR_CUBLAS;
 }
 
+// ---- dispatch wire format (FP8=1; nothing to do with bf16 rows) ---------------------------------------------
+
+// The first n send rows into wire rows, and send rewritten with what they decode to (own rows' GEMMs read it).
+int encode_dispatch_rows(const State& s, int n, cudaStream_t stream) {
+  return s.fp8 ? cuda_ok(fp8_encode_send(s.send, s.send_wire, n, s.H, s.grid, kThreads, stream)) : CUCO_OK;
+}
+
+// The rows that arrived in the recv window, decoded into the bf16 rows the arrived GEMMs read.
+int decode_arrived_rows(const State& s, cudaStream_t stream) {
+  return s.fp8 ? cuda_ok(fp8_decode_recv(s.recv_wire, (int)s.arrived, s.H, s.recv, s.grid, kThreads, stream))
+               : CUCO_OK;
+}
+
 // ---- host plan -----------------------------------------------------------------------------------------------
 
 // From the [W, E] counts: every source's send offsets, and for every rank q the recv row of each (expert le of q,
@@ -254,6 +273,7 @@ int build_plan(State& s) {
         s.rr[((size_t)q * EL + le) * W + src] = acc;
         if (src != q) acc += (size_t)s.host_counts[(size_t)src * E + q * EL + le];
       }
+    if (q == s.rank) s.arrived = acc;
   }
   return CUCO_OK;
 }
@@ -478,6 +498,10 @@ void release(cuco_ctx_t* ctx, State* s) {
   cudaFree(s->gu);
   cudaFree(s->act);
   cudaFreeHost(s->host_counts);
+  if (s->fp8) {
+    cudaFree(s->send);
+    cudaFree(s->recv);
+  }
   if (s->dc_made) cuco_devcomm_destroy(ctx, &s->dc);
   delete s;
 }
@@ -485,12 +509,12 @@ void release(cuco_ctx_t* ctx, State* s) {
 // EVOLVE-BLOCK-START schedule
 int launch_push(const State& s, bool dispatch, uint64_t epoch, cudaStream_t stream) {
   PushArgs a;
-  a.src = (const uint4*)(dispatch ? s.send : s.out);
+  a.src = dispatch ? (const uint4*)s.send_wire : (const uint4*)s.out;
   a.dst = dispatch ? s.recv_win : s.ret_win;
   a.segs = dispatch ? s.plan.disp : s.plan.back;
   a.chunk0 = dispatch ? s.plan.disp_chunk0 : s.plan.back_chunk0;
   a.n_segs = dispatch ? s.plan.n_disp : s.plan.n_back;
-  a.row_vecs = s.row_vecs;
+  a.row_vecs = dispatch ? s.wire_vecs : s.row_vecs;
   a.flag_peers = s.flag_peers;
   a.flag_base = dispatch ? flag_dispatch(s.W) : flag_return(s.W);
   a.world = s.W;
@@ -552,6 +576,7 @@ int schedule(cuco_ctx_t* ctx, State& s) {
   gather_rows<<<s.grid, kThreads, 0, st>>>((const uint4*)s.x, s.idx, n, s.K, E, s.row_vecs, s.send_off, s.fill,
                                            s.pos, (uint4*)s.send);
   MOE_TRY(cuda_ok(cudaGetLastError()));
+  MOE_TRY(encode_dispatch_rows(s, n, st));
 
   // counts exchange, then the plan on the host and back on the device
   if (remote) {
@@ -576,6 +601,7 @@ int schedule(cuco_ctx_t* ctx, State& s) {
   MOE_TRY(expert_gemms(handle, s, true, st));
   if (remote) {
     MOE_TRY(launch_wait(s, flag_dispatch(W), kFlagsPerSource, epoch, st));
+    MOE_TRY(decode_arrived_rows(s, st));
     MOE_TRY(expert_gemms(handle, s, false, st));
   }
 
@@ -625,10 +651,13 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
                 K = cuco_param(ctx, "K");
   const int64_t W = ctx->world_size;
   if (max_req < 5 || T <= 0 || H <= 0 || E <= 0 || K <= 0 || W < 1 || E % W != 0) return 0;  // setup refuses
+  const int fp8 = fp8_mode(cuco_param(ctx, "FP8"), H);
+  if (fp8 < 0) return 0;
   const size_t cap = (size_t)T * (size_t)std::min<int64_t>(K, E / W);
   const size_t row = (size_t)H * kBf16Bytes;
+  const size_t wire = wire_row_bytes((int)H, fp8 == 1);
   const char* names[5] = {"send", "recv", "out", "ret", "counts"};
-  const size_t bytes[5] = {(size_t)T * K * row, std::max<size_t>(1, (size_t)(W - 1) * cap) * row,
+  const size_t bytes[5] = {(size_t)T * K * wire, std::max<size_t>(1, (size_t)(W - 1) * cap) * wire,
                            (size_t)W * cap * row, (size_t)T * K * row, (size_t)W * E * kI32Bytes};
   for (int i = 0; i < 5; ++i) {
     memset(&req[i], 0, sizeof(req[i]));
@@ -651,9 +680,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (T * K >= ((int64_t)1 << 31) || (int64_t)W * T * std::min<int64_t>(K, E / W) >= ((int64_t)1 << 31) ||
       (int64_t)W * T * std::min<int64_t>(K, E / W) * (H * kBf16Bytes / kVecBytes) >= ((int64_t)1 << 31))
     return CUCO_ERR_PARAM;  // rows (and a chunk's vectors) are int in the kernels and in cuBLAS
+  const int fp8 = fp8_mode(cuco_param(ctx, "FP8"), H);
+  if (fp8 < 0) return CUCO_ERR_PARAM;
   const int EL = (int)(E / W);
   const size_t cap = (size_t)T * (size_t)std::min<int64_t>(K, EL);
   const size_t row = (size_t)H * kBf16Bytes;
+  const size_t wire = wire_row_bytes((int)H, fp8 == 1);
   if (ctx->flags.local == nullptr || ctx->flags.peers == nullptr ||
       ctx->flags.count < CUCO_FLAGS_RESERVED + flag_words(W))
     return CUCO_ERR_PARAM;  // not enough candidate flag words
@@ -675,8 +707,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
     return CUCO_ERR_PARAM;
   if (send == nullptr || recv == nullptr || out == nullptr || ret == nullptr || counts == nullptr ||
       send->local == nullptr || recv->local == nullptr || out->local == nullptr || ret->local == nullptr ||
-      counts->local == nullptr || send->capacity_bytes < (size_t)T * K * row ||
-      out->capacity_bytes < (size_t)W * cap * row || recv->capacity_bytes < (size_t)(W - 1) * cap * row ||
+      counts->local == nullptr || send->capacity_bytes < (size_t)T * K * wire ||
+      out->capacity_bytes < (size_t)W * cap * row || recv->capacity_bytes < (size_t)(W - 1) * cap * wire ||
       ret->capacity_bytes < (size_t)T * K * row || counts->capacity_bytes < (size_t)W * E * kI32Bytes)
     return CUCO_ERR_PARAM;
   // Peers store into recv, ret and counts and (kPull) load from out.
@@ -699,6 +731,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->rank = ctx->rank;
   s->cap = cap;
   s->row_vecs = (int)(row / kVecBytes);
+  s->wire_vecs = (int)(wire / kVecBytes);
+  s->fp8 = fp8 == 1;
   s->grid = sms * kCtasPerSm;
   s->x = (const __nv_bfloat16*)x->local;
   s->idx = (const int*)idx->local;
@@ -706,8 +740,10 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->wgu = (const __nv_bfloat16*)wgu->local;
   s->wd = (const __nv_bfloat16*)wd->local;
   s->y = (__nv_bfloat16*)y->local;
-  s->send = (__nv_bfloat16*)send->local;
-  s->recv = (__nv_bfloat16*)recv->local;
+  s->send_wire = (uint8_t*)send->local;
+  s->recv_wire = (uint8_t*)recv->local;
+  s->send = s->fp8 ? nullptr : (__nv_bfloat16*)send->local;
+  s->recv = s->fp8 ? nullptr : (__nv_bfloat16*)recv->local;
   s->out = (__nv_bfloat16*)out->local;
   s->ret = (__nv_bfloat16*)ret->local;
   s->counts = (int*)counts->local;
@@ -734,6 +770,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->gu, rows_all * 2 * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->act, rows_all * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->host_counts, sizeof(int) * (size_t)W * E));
+  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->send, (size_t)T * K * row));
+  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->recv, std::max<size_t>(1, (size_t)(W - 1) * cap) * row));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->plan_host, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->plan_dev, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->done_ctas, 2 * sizeof(unsigned long long)));

@@ -10,7 +10,8 @@
 //             until every rank's kReady flag reached ctx->epoch (acquire)
 //   counts:   each rank's counts row is copied to the host straight from that rank's window; the stream is
 //             synchronised (cuBLAS takes row counts on the host)
-//   dispatch: per (source, local expert) one cudaMemcpyAsync PULL from the source's send window into recv
+//   dispatch: per (source, local expert) one cudaMemcpyAsync PULL of wire rows from the source's send window
+//             into recv (FP8=1: encoded before the ready flag, arrived rows decoded after the pulls)
 //   experts:  as in seed_nccl.cu
 //   done:     signal_all / wait_all on kOutReady: every rank's expert outputs are in its out window
 //   return:   per (expert rank, expert) one cudaMemcpyAsync pull from that rank's out window into ret
@@ -54,6 +55,9 @@ struct State {
   int T, H, I, E, K, W, EL, rank, Tr;
   size_t cap;                        // T * min(K, EL)
   int row_vecs;                      // H bf16 in 16-byte vectors
+  bool fp8;                          // FP8=1: block-scaled e4m3 wire rows
+  size_t wire_row;                   // bytes of one dispatched row
+  size_t arrived;                    // rows this rank received this step (build_plan)
   int grid;                          // CTAs of the grid-stride kernels
   const __nv_bfloat16* x;
   const int* idx;
@@ -61,7 +65,8 @@ struct State {
   const __nv_bfloat16* wgu;
   const __nv_bfloat16* wd;
   __nv_bfloat16* y;
-  __nv_bfloat16 *send, *recv, *out, *ret;
+  __nv_bfloat16 *send, *recv, *out, *ret;  // send / recv: bf16 rows (the windows themselves when FP8=0)
+  uint8_t *send_wire, *recv_wire;    // the send / recv windows: wire rows
   int* counts;                       // [W, E] window, own row = rank
   int* send_off;                     // [E + 1] device, own send offsets
   int* fill;                         // [E] device
@@ -166,6 +171,7 @@ int build_plan(State& s) {
         s.rr[((size_t)q * EL + le) * W + src] = acc;
         if (src != q) acc += (size_t)s.host_counts[(size_t)src * E + q * EL + le];
       }
+    if (q == s.rank) s.arrived = acc;
   }
   return CUCO_OK;
 }
@@ -195,6 +201,10 @@ void release(State* s) {
   cudaFree(s->gu);
   cudaFree(s->act);
   cudaFreeHost(s->host_counts);
+  if (s->fp8) {
+    cudaFree(s->send);
+    cudaFree(s->recv);
+  }
   delete s;
 }
 
@@ -206,10 +216,13 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
                 K = cuco_param(ctx, "K");
   const int64_t W = ctx->world_size;
   if (max_req < 5 || T <= 0 || H <= 0 || E <= 0 || K <= 0 || W < 1 || E % W != 0) return 0;  // setup refuses
+  const int fp8 = fp8_mode(cuco_param(ctx, "FP8"), H);
+  if (fp8 < 0) return 0;
   const size_t cap = (size_t)T * (size_t)std::min<int64_t>(K, E / W);
   const size_t row = (size_t)H * kBf16Bytes;
+  const size_t wire = wire_row_bytes((int)H, fp8 == 1);
   const char* names[5] = {"send", "recv", "out", "ret", "counts"};
-  const size_t bytes[5] = {(size_t)T * K * row, std::max<size_t>(1, (size_t)(W - 1) * cap) * row,
+  const size_t bytes[5] = {(size_t)T * K * wire, std::max<size_t>(1, (size_t)(W - 1) * cap) * wire,
                            (size_t)W * cap * row, (size_t)T * K * row, (size_t)W * E * kI32Bytes};
   for (int i = 0; i < 5; ++i) {
     memset(&req[i], 0, sizeof(req[i]));
@@ -231,9 +244,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if ((H * kBf16Bytes) % kVecBytes != 0 || (I * kBf16Bytes) % kVecBytes != 0) return CUCO_ERR_PARAM;
   if (T * K >= ((int64_t)1 << 31) || (int64_t)W * T * std::min<int64_t>(K, E / W) >= ((int64_t)1 << 31))
     return CUCO_ERR_PARAM;  // rows are int in the kernels and in cuBLAS
+  const int fp8 = fp8_mode(cuco_param(ctx, "FP8"), H);
+  if (fp8 < 0) return CUCO_ERR_PARAM;
   const int EL = (int)(E / W);
   const size_t cap = (size_t)T * (size_t)std::min<int64_t>(K, EL);
   const size_t row = (size_t)H * kBf16Bytes;
+  const size_t wire = wire_row_bytes((int)H, fp8 == 1);
   cuco_tensor_t* x = cuco_tensor(ctx, "x");
   cuco_tensor_t* idx = cuco_tensor(ctx, "topk_idx");
   cuco_tensor_t* w = cuco_tensor(ctx, "topk_w");
@@ -251,8 +267,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
       !tensor_ok(wd, CUCO_DTYPE_BF16, (size_t)EL * I * H * kBf16Bytes) || !tensor_ok(y, CUCO_DTYPE_BF16, (size_t)T * row))
     return CUCO_ERR_PARAM;
   if (send == nullptr || recv == nullptr || out == nullptr || ret == nullptr || counts == nullptr ||
-      send->capacity_bytes < (size_t)T * K * row || out->capacity_bytes < (size_t)W * cap * row ||
-      recv->capacity_bytes < (size_t)(W - 1) * cap * row || ret->capacity_bytes < (size_t)T * K * row ||
+      send->capacity_bytes < (size_t)T * K * wire || out->capacity_bytes < (size_t)W * cap * row ||
+      recv->capacity_bytes < (size_t)(W - 1) * cap * wire || ret->capacity_bytes < (size_t)T * K * row ||
       counts->capacity_bytes < (size_t)W * E * kI32Bytes)
     return CUCO_ERR_PARAM;
   if (send->peers_host == nullptr || out->peers_host == nullptr || counts->peers_host == nullptr ||
@@ -281,8 +297,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->wgu = (const __nv_bfloat16*)wgu->local;
   s->wd = (const __nv_bfloat16*)wd->local;
   s->y = (__nv_bfloat16*)y->local;
-  s->send = (__nv_bfloat16*)send->local;
-  s->recv = (__nv_bfloat16*)recv->local;
+  s->fp8 = fp8 == 1;
+  s->wire_row = wire;
+  s->send_wire = (uint8_t*)send->local;
+  s->recv_wire = (uint8_t*)recv->local;
+  s->send = s->fp8 ? nullptr : (__nv_bfloat16*)send->local;
+  s->recv = s->fp8 ? nullptr : (__nv_bfloat16*)recv->local;
   s->out = (__nv_bfloat16*)out->local;
   s->ret = (__nv_bfloat16*)ret->local;
   s->counts = (int*)counts->local;
@@ -300,6 +320,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->gu, rows_all * 2 * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->act, rows_all * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->host_counts, sizeof(int) * (size_t)W * E));
+  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->send, (size_t)T * K * row));
+  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->recv, std::max<size_t>(1, (size_t)(W - 1) * cap) * row));
   if (rc != CUCO_OK) {
     release(s);
     return rc;
@@ -329,6 +351,7 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   gather_rows<<<s.grid, kThreads, 0, st>>>((const uint4*)s.x, s.idx, n, s.K, E, s.row_vecs, s.send_off, s.fill,
                                            s.pos, (uint4*)s.send);
   MOE_TRY(cuda_ok(cudaGetLastError()));
+  if (s.fp8) MOE_TRY(cuda_ok(fp8_encode_send(s.send, s.send_wire, n, s.H, s.grid, kThreads, st)));
 
   // ready: send and counts of every rank, then the counts matrix on the host
   const uint64_t epoch = ctx->epoch;
@@ -345,14 +368,16 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   // dispatch: pull my experts' rows from every other rank's send window
   for (int src = 0; src < W; ++src) {
     if (src == me) continue;
-    const __nv_bfloat16* peer_send = (const __nv_bfloat16*)s.send_peers[src];
+    const uint8_t* peer_send = (const uint8_t*)s.send_peers[src];
     for (int le = 0; le < EL; ++le) {
       const size_t c = cnt(s, src, me * EL + le);
       if (c)
-        MOE_TRY(cuda_ok(cudaMemcpyAsync(s.recv + rrow(s, me, le, src) * H, peer_send + off(s, src, me * EL + le) * H,
-                                        c * H * kBf16Bytes, cudaMemcpyDefault, st)));
+        MOE_TRY(cuda_ok(cudaMemcpyAsync(s.recv_wire + rrow(s, me, le, src) * s.wire_row,
+                                        peer_send + off(s, src, me * EL + le) * s.wire_row, c * s.wire_row,
+                                        cudaMemcpyDefault, st)));
     }
   }
+  if (s.fp8) MOE_TRY(cuda_ok(fp8_decode_recv(s.recv_wire, (int)s.arrived, s.H, s.recv, s.grid, kThreads, st)));
 
   // experts: own rows from send (out rows [0, Cap) in send order), arrived rows from recv (out rows Cap + recv row)
   const size_t own0 = off(s, me, me * EL);

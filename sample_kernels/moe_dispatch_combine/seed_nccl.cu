@@ -13,25 +13,28 @@
 //     w_down     [EL, I, H]   bf16  input   own experts
 //     y          [T, H]       bf16  output  first T_r rows
 //   scratch windows (declared below, sizes in workload.scratch_bytes):
-//     send   [T*K, H]        own assignments sorted by expert (all dests; the slice for rank q is contiguous)
-//     recv   [(W-1)*Cap, H]  rows from other ranks, grouped per local expert, sources ascending within one
+//     send   [T*K] wire rows  own assignments sorted by expert (all dests; the slice for rank q is contiguous)
+//     recv   [(W-1)*Cap] wire rows from other ranks, grouped per local expert, sources ascending within one
 //     out    [W*Cap, H]      expert outputs: rows [0, Cap) for own tokens (in send order), then recv's outputs
 //     ret    [T*K, H]        every assignment's expert output back home, in send order
 //     counts [W, E]          i32: counts[s][e] = rows source s sends to expert e
 //
 // One step, everything on ctx->stream:
 //   route:    count rows per expert, exclusive scan -> send offsets, one warp per assignment claims its row and
-//             copies x[t] into send (pos[t*K+k] = its row)
+//             copies x[t] into send (pos[t*K+k] = its row); FP8=1: the rows are encoded into wire rows
+//             (moe_kernels.cuh: e4m3, one fp32 scale per 128 elements) and send holds what they decode to
 //   counts:   ncclAllGather of each rank's counts row; copied to the host and the stream synchronised (cuBLAS
 //             takes row counts on the host, so every variant reads them there)
-//   dispatch: one group: per (peer, expert) ncclSend of the send slice / ncclRecv into recv (both sides issue
-//             them in expert order, so pairs match)
-//   experts:  per local expert: own rows straight from send, arrived rows from recv, each
+//   dispatch: one group: per (peer, expert) ncclSend of the wire rows / ncclRecv into recv (both sides issue
+//             them in expert order, so pairs match); FP8=1: arrived rows decoded to bf16 for the GEMMs
+//   experts:  per local expert: own rows straight from send, arrived rows from recv (decoded), each
 //             gu = X Wgu (cublasGemmEx), act = silu(gu[:, :I]) * gu[:, I:], out = act Wd (cublasGemmEx)
 //   return:   one group: per (peer, expert) ncclSend of out rows back / ncclRecv into ret; own rows copied
 //   combine:  y[t] = sum_k topk_w[t, k] * ret[pos[t*K+k]] in fp32, rounded to bf16
 // Nothing overlaps: that serial chain is what device_lsa.cu and the search race against.
 //
+// A wire row is the bf16 row (FP8=0, the default) or H e4m3 bytes and H/128 fp32 scales (FP8=1): with FP8=1 the
+// send / recv windows hold wire rows and the bf16 rows the GEMMs read live in two local buffers.
 // cuBLAS is column-major, our matrices row-major: out = A @ B is computed as out^T = B^T A^T, i.e.
 // cublasGemmEx(N, N, m = cols(B), n = rows(A), k, B, ld cols(B), A, ld k, out, ld cols(B)).
 // The step synchronises its stream to read the counts, which stream capture forbids: under capture it gives
@@ -68,6 +71,9 @@ struct State {
   int T, H, I, E, K, W, EL, rank, Tr;
   size_t cap;                        // T * min(K, EL)
   int row_vecs;                      // H bf16 in 16-byte vectors
+  bool fp8;                          // FP8=1: block-scaled e4m3 wire rows
+  size_t wire_row;                   // bytes of one dispatched row
+  size_t arrived;                    // rows this rank received this step (build_plan)
   int grid;                          // CTAs of the grid-stride kernels
   const __nv_bfloat16* x;
   const int* idx;
@@ -75,7 +81,8 @@ struct State {
   const __nv_bfloat16* wgu;
   const __nv_bfloat16* wd;
   __nv_bfloat16* y;
-  __nv_bfloat16 *send, *recv, *out, *ret;
+  __nv_bfloat16 *send, *recv, *out, *ret;  // send / recv: bf16 rows (the windows themselves when FP8=0)
+  uint8_t *send_wire, *recv_wire;    // the send / recv windows: wire rows
   int* counts;                       // [W, E] window, own row = rank
   int* send_off;                     // [E + 1] device, own send offsets
   int* fill;                         // [E] device
@@ -170,6 +177,7 @@ int build_plan(State& s) {
         s.rr[((size_t)q * EL + le) * W + src] = acc;
         if (src != q) acc += (size_t)s.host_counts[(size_t)src * E + q * EL + le];
       }
+    if (q == s.rank) s.arrived = acc;
   }
   return CUCO_OK;
 }
@@ -199,6 +207,10 @@ void release(State* s) {
   cudaFree(s->gu);
   cudaFree(s->act);
   cudaFreeHost(s->host_counts);
+  if (s->fp8) {
+    cudaFree(s->send);
+    cudaFree(s->recv);
+  }
   delete s;
 }
 
@@ -210,10 +222,13 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
                 K = cuco_param(ctx, "K");
   const int64_t W = ctx->world_size;
   if (max_req < 5 || T <= 0 || H <= 0 || E <= 0 || K <= 0 || W < 1 || E % W != 0) return 0;  // setup refuses
+  const int fp8 = fp8_mode(cuco_param(ctx, "FP8"), H);
+  if (fp8 < 0) return 0;
   const size_t cap = (size_t)T * (size_t)std::min<int64_t>(K, E / W);
   const size_t row = (size_t)H * kBf16Bytes;
+  const size_t wire = wire_row_bytes((int)H, fp8 == 1);
   const char* names[5] = {"send", "recv", "out", "ret", "counts"};
-  const size_t bytes[5] = {(size_t)T * K * row, std::max<size_t>(1, (size_t)(W - 1) * cap) * row,
+  const size_t bytes[5] = {(size_t)T * K * wire, std::max<size_t>(1, (size_t)(W - 1) * cap) * wire,
                            (size_t)W * cap * row, (size_t)T * K * row, (size_t)W * E * kI32Bytes};
   for (int i = 0; i < 5; ++i) {
     memset(&req[i], 0, sizeof(req[i]));
@@ -235,9 +250,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if ((H * kBf16Bytes) % kVecBytes != 0 || (I * kBf16Bytes) % kVecBytes != 0) return CUCO_ERR_PARAM;
   if (T * K >= ((int64_t)1 << 31) || (int64_t)W * T * std::min<int64_t>(K, E / W) >= ((int64_t)1 << 31))
     return CUCO_ERR_PARAM;  // rows are int in the kernels and in cuBLAS
+  const int fp8 = fp8_mode(cuco_param(ctx, "FP8"), H);
+  if (fp8 < 0) return CUCO_ERR_PARAM;
   const int EL = (int)(E / W);
   const size_t cap = (size_t)T * (size_t)std::min<int64_t>(K, EL);
   const size_t row = (size_t)H * kBf16Bytes;
+  const size_t wire = wire_row_bytes((int)H, fp8 == 1);
   cuco_tensor_t* x = cuco_tensor(ctx, "x");
   cuco_tensor_t* idx = cuco_tensor(ctx, "topk_idx");
   cuco_tensor_t* w = cuco_tensor(ctx, "topk_w");
@@ -255,8 +273,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
       !tensor_ok(wd, CUCO_DTYPE_BF16, (size_t)EL * I * H * kBf16Bytes) || !tensor_ok(y, CUCO_DTYPE_BF16, (size_t)T * row))
     return CUCO_ERR_PARAM;
   if (send == nullptr || recv == nullptr || out == nullptr || ret == nullptr || counts == nullptr ||
-      send->capacity_bytes < (size_t)T * K * row || out->capacity_bytes < (size_t)W * cap * row ||
-      recv->capacity_bytes < (size_t)(W - 1) * cap * row || ret->capacity_bytes < (size_t)T * K * row ||
+      send->capacity_bytes < (size_t)T * K * wire || out->capacity_bytes < (size_t)W * cap * row ||
+      recv->capacity_bytes < (size_t)(W - 1) * cap * wire || ret->capacity_bytes < (size_t)T * K * row ||
       counts->capacity_bytes < (size_t)W * E * kI32Bytes)
     return CUCO_ERR_PARAM;
   int sms = ctx->sm_count;
@@ -281,8 +299,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->wgu = (const __nv_bfloat16*)wgu->local;
   s->wd = (const __nv_bfloat16*)wd->local;
   s->y = (__nv_bfloat16*)y->local;
-  s->send = (__nv_bfloat16*)send->local;
-  s->recv = (__nv_bfloat16*)recv->local;
+  s->fp8 = fp8 == 1;
+  s->wire_row = wire;
+  s->send_wire = (uint8_t*)send->local;
+  s->recv_wire = (uint8_t*)recv->local;
+  s->send = s->fp8 ? nullptr : (__nv_bfloat16*)send->local;
+  s->recv = s->fp8 ? nullptr : (__nv_bfloat16*)recv->local;
   s->out = (__nv_bfloat16*)out->local;
   s->ret = (__nv_bfloat16*)ret->local;
   s->counts = (int*)counts->local;
@@ -295,6 +317,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->gu, rows_all * 2 * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->act, rows_all * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->host_counts, sizeof(int) * (size_t)W * E));
+  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->send, (size_t)T * K * row));
+  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->recv, std::max<size_t>(1, (size_t)(W - 1) * cap) * row));
   if (rc != CUCO_OK) {
     release(s);
     return rc;
@@ -325,6 +349,7 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   gather_rows<<<s.grid, kThreads, 0, st>>>((const uint4*)s.x, s.idx, n, s.K, E, s.row_vecs, s.send_off, s.fill,
                                            s.pos, (uint4*)s.send);
   MOE_TRY(cuda_ok(cudaGetLastError()));
+  if (s.fp8) MOE_TRY(cuda_ok(fp8_encode_send(s.send, s.send_wire, n, s.H, s.grid, kThreads, st)));
 
   // counts: every rank's row, then on the host
   if (W > 1) MOE_TRY(nccl_ok(comm, ncclAllGather(my_counts, s.counts, (size_t)E, ncclInt32, comm, st)));
@@ -339,14 +364,19 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
       if (q == me) continue;
       for (int le = 0; le < EL; ++le) {
         const size_t c = cnt(s, me, q * EL + le);
-        if (c) MOE_TRY(nccl_ok(comm, ncclSend(s.send + off(s, me, q * EL + le) * H, c * H, ncclBfloat16, q, comm, st)));
+        if (c)
+          MOE_TRY(nccl_ok(comm, ncclSend(s.send_wire + off(s, me, q * EL + le) * s.wire_row, c * s.wire_row, ncclUint8, q,
+                                         comm, st)));
       }
       for (int le = 0; le < EL; ++le) {
         const size_t c = cnt(s, q, me * EL + le);
-        if (c) MOE_TRY(nccl_ok(comm, ncclRecv(s.recv + rrow(s, me, le, q) * H, c * H, ncclBfloat16, q, comm, st)));
+        if (c)
+          MOE_TRY(nccl_ok(comm, ncclRecv(s.recv_wire + rrow(s, me, le, q) * s.wire_row, c * s.wire_row, ncclUint8, q,
+                                         comm, st)));
       }
     }
     MOE_TRY(nccl_ok(comm, ncclGroupEnd()));
+    if (s.fp8) MOE_TRY(cuda_ok(fp8_decode_recv(s.recv_wire, (int)s.arrived, s.H, s.recv, s.grid, kThreads, st)));
   }
 
   // experts: own rows from send (out rows [0, Cap) in send order), arrived rows from recv (out rows Cap + recv row)

@@ -31,6 +31,13 @@ numbered, their load lands on the lowest ranks, so skew makes ranks uneven, whic
 time measures. The realised hot:cold load ratio is below SKEW/100 when K is a large share of E (sampling
 without replacement saturates: with E = 8, K = 2 a 5:1 weight gives about 4:1 load); the unit tests measure it.
 
+Dispatch wire format: FP8=0 (the default) moves bf16 token rows; FP8=1 moves DeepSeek-V3-style block-scaled
+8-bit rows: per block of 128 consecutive elements one fp32 scale = amax(|block|) / 448 and e4m3 values
+x / scale (round to nearest even), half the bytes plus 3%. The quantisation is part of the layer: every routed
+row, own rows included, is computed on bf16(e4m3 * scale), and the reference applies the same arithmetic
+(fp8_roundtrip), so a kernel that skipped it (moved bf16) would miss by about 3e-2 and fail. The return path
+stays bf16. FP8=1 needs H % 512 == 0 (a wire row of H + H/32 bytes in whole 16-byte vectors).
+
 Tolerance. Inputs are exact bf16 values; a kernel rounds to bf16 at four places (the gate/up GEMM output, the
 SwiGLU activation fed to the down GEMM, the expert output that travels back, and y), each a relative RMS error
 of about 2**-8/sqrt(3) ~ 2.3e-3 on the value rounded; they compound to 3.9e-3 relative RMS on y (measured by the
@@ -58,19 +65,27 @@ UNIFORM_SKEW = 100  # SKEW is a percentage: 100 means every expert equally likel
 MAX_SKEW = 10_000
 MAX_EXPERTS = 1024  # the kernels' routing scan runs in one CTA
 NO_EXPERT = -1  # topk_idx past a rank's valid tokens
+FP8_BLOCK = 128  # elements per fp32 scale of the 8-bit dispatch
+E4M3_MAX = 448.0  # largest finite e4m3 value
+FP8_ROW_ALIGN = 512  # H % 512 == 0 keeps a wire row whole 16-byte vectors
 
-DSV3 = {"T": 4096, "H": 7168, "I": 2048, "E": 256, "K": 8, "SKEW": UNIFORM_SKEW}
+DSV3 = {"T": 4096, "H": 7168, "I": 2048, "E": 256, "K": 8, "SKEW": UNIFORM_SKEW, "FP8": 0}
+SMALL = {"T": 256, "H": 1024, "I": 512, "E": 8, "K": 2, "SKEW": UNIFORM_SKEW, "FP8": 0}
 DEFAULT_PARAMS = dict(DSV3)
 SIZE_PRESETS = {
     # quick runs, and 2-4 ranks sharing one GPU under symm
-    "small": {"T": 256, "H": 1024, "I": 512, "E": 8, "K": 2, "SKEW": UNIFORM_SKEW},
-    "small_skew5": {"T": 256, "H": 1024, "I": 512, "E": 8, "K": 2, "SKEW": 500},
+    "small": dict(SMALL),
+    "small_skew5": {**SMALL, "SKEW": 500},
+    # the same with block-scaled e4m3 dispatch
+    "small_fp8": {**SMALL, "FP8": 1},
+    "small_skew5_fp8": {**SMALL, "SKEW": 500, "FP8": 1},
     # DeepSeek-V3's layer: 256 routed experts, top-8 (~22 GB of expert weights over the world)
     "dsv3": dict(DSV3),
     "dsv3_skew5": {**DSV3, "SKEW": 500},
     # the real per-expert shapes with 32 experts, so 2-4 symm ranks fit on one GPU with the harness's
     # per-rank reference inputs (each rank regenerates every rank's weights to verify)
     "dsv3_e32": {**DSV3, "E": 32},
+    "dsv3_e32_fp8": {**DSV3, "E": 32, "FP8": 1},
 }
 PARAM_NAMES = ("T", "H", "I", "E", "K", "SKEW")
 
@@ -103,6 +118,38 @@ def validate(params: Params, world: int) -> None:
     if not UNIFORM_SKEW <= SKEW <= MAX_SKEW:
         raise BadInput(f"moe_dispatch_combine: SKEW={SKEW} is the hot:cold expert weight in percent and must lie "
                        f"in [{UNIFORM_SKEW}, {MAX_SKEW}] (100 = uniform, 500 = 5:1)")
+    fp8 = int(params.get("FP8", 0))
+    if fp8 not in (0, 1):
+        raise BadInput(f"moe_dispatch_combine: FP8={fp8} must be 0 (bf16 dispatch) or 1 (block-scaled e4m3)")
+    if fp8 and H % FP8_ROW_ALIGN:
+        raise BadInput(f"moe_dispatch_combine: FP8=1 needs H to be a multiple of {FP8_ROW_ALIGN} (whole 16-byte "
+                       f"vectors per wire row), not H={H}")
+
+
+def fp8_dispatch(params: Params, world: int) -> bool:
+    """Whether token rows travel block-scaled e4m3 (FP8=1; an absent FP8 means bf16)."""
+    validate(params, world)
+    return int(params.get("FP8", 0)) == 1
+
+
+def wire_row_bytes(params: Params, world: int) -> int:
+    """Bytes of one dispatched token row: 2H (bf16), or H e4m3 bytes and H/128 fp32 scales."""
+    H = _dims(params, world)[1]
+    return H + (H // FP8_BLOCK) * F32_BYTES if fp8_dispatch(params, world) else H * BF16_BYTES
+
+
+def fp8_roundtrip(x: Any) -> Any:
+    """What a bf16 [n, H] block of token rows becomes after the 8-bit wire format: per 128 elements
+    scale = amax / 448 (1 if all zero), q = e4m3(x / scale) rounded to nearest even, back as bf16(q * scale):
+    moe_kernels.cuh's quantize_rows / dequantize_rows in torch."""
+    import torch
+
+    n, H = x.shape
+    xf = x.to(torch.float32).reshape(n, H // FP8_BLOCK, FP8_BLOCK)
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    q = (xf / scale).to(torch.float8_e4m3fn)
+    return (q.to(torch.float32) * scale).reshape(n, H).to(torch.bfloat16)
 
 
 def _dims(params: Params, world: int) -> tuple[int, int, int, int, int, int]:
@@ -128,7 +175,8 @@ def hot_experts(params: Params, world: int) -> int:
 
 
 def scratch_rows(params: Params, world: int) -> dict[str, int]:
-    """Rows of H bf16 in each token-row scratch window the candidates declare (see README.md):
+    """Rows in each token-row scratch window the candidates declare (see README.md); send and recv hold wire
+    rows (wire_row_bytes), out and ret bf16 rows of H:
     send  T*K        this rank's assignments in expert order (the dispatch source)
     recv  (W-1)*Cap  rows that arrived from other ranks, grouped per local expert (at least 1 row)
     out   W*Cap      expert outputs: own rows first (Cap), then the arrived rows' outputs
@@ -143,7 +191,9 @@ def scratch_bytes(params: Params, world: int) -> dict[str, int]:
     """Bytes of every scratch window the candidates declare, in declaration order ("counts" is the
     [W, E] int32 matrix of per-(source, expert) row counts)."""
     H = _dims(params, world)[1]
-    out = {name: rows * H * BF16_BYTES for name, rows in scratch_rows(params, world).items()}
+    wire = wire_row_bytes(params, world)
+    out = {name: rows * (wire if name in ("send", "recv") else H * BF16_BYTES)
+           for name, rows in scratch_rows(params, world).items()}
     out["counts"] = world * _dims(params, world)[3] * I32_BYTES
     return out
 
@@ -253,7 +303,8 @@ def reference(inputs: Sequence[Mapping[str, Any]], params: Params, world: int) -
         if bool(((idx < 0) | (idx >= E)).any()):
             raise BadInput(f"moe_dispatch_combine reference: rank {r} routes a valid token to an expert outside "
                            f"[0, {E})")
-        xs.append(inputs[r]["x"][:Tr].to(device=device, dtype=acc))
+        x = inputs[r]["x"][:Tr].to(device)
+        xs.append((fp8_roundtrip(x) if fp8_dispatch(params, world) else x).to(dtype=acc))
         idxs.append(idx)
         ws.append(inputs[r]["topk_w"][:Tr].to(device=device, dtype=acc))
         ys.append(torch.zeros((Tr, H), device=device, dtype=acc))
@@ -279,16 +330,17 @@ def flops(params: Params, world: int) -> float:
 
 def comm_bytes(params: Params, world: int) -> float:
     """Bytes each rank receives per step at the mean load without skew: the (W-1)/W of its routed rows that
-    come from other ranks on dispatch, and as many back on combine (bf16 rows of H)."""
+    come from other ranks on dispatch (wire rows) and as many back on combine (bf16 rows of H)."""
     T, H, _, _, K, _ = _dims(params, world)
     tokens = sum(valid_tokens(params, world, r) for r in range(world)) / world
-    return 2.0 * tokens * K * (world - 1) / world * H * BF16_BYTES
+    return tokens * K * (world - 1) / world * (wire_row_bytes(params, world) + H * BF16_BYTES)
 
 
 WORKLOAD = Workload(
     name="moe_dispatch_combine",
     directory=Path(__file__).resolve().parent,
-    description="DeepSeek-V3-style expert-parallel MoE layer: top-K dispatch of bf16 tokens to the experts' ranks, "
+    description="DeepSeek-V3-style expert-parallel MoE layer: top-K dispatch of bf16 or block-scaled e4m3 tokens "
+                "(FP8) to the experts' ranks, "
                 "SwiGLU expert GEMMs on tensor cores (cuBLAS), weighted combine at the token's rank; skewed routing "
                 "and uneven token counts.",
     params=dict(DEFAULT_PARAMS),

@@ -62,7 +62,7 @@ def tensor(wl, name: str):
 
 def test_loads_with_files_presets_and_dsv3_shapes(wl):
     assert wl.name == "moe_dispatch_combine"
-    assert wl.params == {"T": 4096, "H": 7168, "I": 2048, "E": 256, "K": 8, "SKEW": 100}
+    assert wl.params == {"T": 4096, "H": 7168, "I": 2048, "E": 256, "K": 8, "SKEW": 100, "FP8": 0}
     assert [(t.name, t.role, t.dtype) for t in wl.tensors] == [
         ("x", "input", "bf16"), ("topk_idx", "input", "i32"), ("topk_w", "input", "f32"),
         ("w_gate_up", "input", "bf16"), ("w_down", "input", "bf16"), ("y", "output", "bf16")]
@@ -138,6 +138,8 @@ def test_flops_and_comm_bytes(wl, mod):
         ({"T": 0}, 1, "T must be positive"),
         ({"E": 2048, "K": 2}, 1, "E=2048 is more than 1024"),
         ({}, 0, "world size"),
+        ({"FP8": 2}, 1, "FP8=2 must be 0"),
+        ({"FP8": 1, "H": 1000}, 1, "FP8=1 needs H to be a multiple of 512"),
     ],
 )
 def test_bad_parameters_name_what_is_wrong(wl, change, world, needle):
@@ -311,6 +313,62 @@ def test_lost_contribution_unwritten_row_and_wrong_expert_fail(wl, small_case):
     clash = (shifted["topk_idx"][:Tr, 0] == idx[:Tr, 1])
     shifted["topk_idx"][:Tr, 0][clash] = (idx[:Tr, 0][clash] + 2) % p["E"]
     assert not wl.tolerance.passes(rel_err(kernel_like([ins[0], shifted], p, 2, 1), ref))
+
+
+# ------------------------------------------------------------------------------------- 8-bit dispatch (FP8)
+
+def test_fp8_roundtrip_rounds_to_nearest_even_on_block_scales(mod):
+    bf = torch.bfloat16
+    # block 0: amax 448, so scale 1 and the e4m3 grid itself: 1.0625 and 1.1875 are ties between neighbours
+    # (1, 1.125 and 1.125, 1.25) and go to the even mantissa; block 1: zeros stay zeros (scale 1, not 0/0)
+    b0 = torch.zeros(128)
+    b0[:5] = torch.tensor([448.0, 1.0625, 1.1875, -3.0, 0.0])
+    x = torch.cat([b0, torch.zeros(128)]).reshape(1, 256).to(bf)
+    got = mod.fp8_roundtrip(x).float()[0]
+    assert got[:5].tolist() == [448.0, 1.0, 1.25, -3.0, 0.0]
+    assert bool((got[128:] == 0).all())
+    # random rows: every block's largest magnitude survives, the rest lands within e4m3's half-step of 2**-4
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 512, generator=g).to(bf)
+    got = mod.fp8_roundtrip(x).float().reshape(8, 4, 128)
+    xb = x.float().reshape(8, 4, 128)
+    amax_at = xb.abs().argmax(dim=-1, keepdim=True)
+    assert torch.equal(got.gather(-1, amax_at), xb.gather(-1, amax_at))
+    step = xb.abs().amax(dim=-1, keepdim=True) / 448 * 2 ** -9  # e4m3's smallest step, in input units
+    assert bool(((got - xb).abs() <= xb.abs() * 2 ** -4 * 1.01 + step).all())
+    assert 1e-2 < rel_err(got, xb) < 6e-2
+
+
+@pytest.fixture(scope="module")
+def fp8_case(wl, mod):
+    p = wl.resolve(wl.size_presets["small_skew5_fp8"])
+    ins = inputs_for(wl, p, 2, seed=11)
+    ref = wl.reference(ins, p, 2)[1]["y"]
+    quantised = [{**i, "x": mod.fp8_roundtrip(i["x"]).float()} for i in ins]
+    return p, ins, ref, quantised
+
+
+def test_fp8_reference_is_what_a_quantising_kernel_computes(wl, fp8_case):
+    p, _, ref, quantised = fp8_case
+    err = rel_err(kernel_like(quantised, p, 2, 1), ref)
+    assert wl.tolerance.passes(err) and err * 2 < wl.tolerance.rel
+
+
+def test_fp8_dispatch_that_moves_bf16_rows_fails(wl, fp8_case):
+    p, ins, ref, _ = fp8_case
+    assert not wl.tolerance.passes(rel_err(kernel_like(ins, p, 2, 1), ref))
+
+
+def test_fp8_windows_hold_wire_rows_and_comm_bytes_shrink(wl, mod):
+    p = wl.resolve(wl.size_presets["dsv3_e32_fp8"])
+    H = p["H"]
+    wire = H + H // 128 * 4
+    assert mod.wire_row_bytes(p, 4) == wire == 7392
+    rows, nbytes = mod.scratch_rows(p, 4), mod.scratch_bytes(p, 4)
+    assert nbytes["send"] == rows["send"] * wire and nbytes["recv"] == rows["recv"] * wire
+    assert nbytes["out"] == rows["out"] * H * 2 and nbytes["ret"] == rows["ret"] * H * 2
+    bf16 = {**p, "FP8": 0}
+    assert wl.comm_bytes(p, 4) == pytest.approx(wl.comm_bytes(bf16, 4) * (wire + 2 * H) / (4 * H))
 
 
 # ------------------------------------------------------------------------------------------ kernel sources
