@@ -2,7 +2,7 @@
 # The sample benchmarks on the device machine, several steps in ONE call, each under what is left of the call:
 #   CALL_S=570 scripts/device_samples.sh STEP [STEP ...]
 # STEP is one of
-#   attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench kv gemm8192_w4 timeline
+#   attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench kv gemm8192_w4 timeline samples_gpu
 # (attention_fix: the Overlapped/ChunkFlags variants and the copy seed again at 4 ranks, L2 and benchmark;
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (the device tool returns at most 8
@@ -33,6 +33,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     kv)              echo "$PY benchmarks/kv_transfer/run.py --iters $ITERS --budget-s $2 --out $3" ;;
     gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
     timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
+    samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     *)               return 1 ;;
   esac
 }
