@@ -67,6 +67,8 @@ def merge(runs: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
             rows[key(row)] = row
     meta = {**metas[-1], "skipped": [s for m in metas for s in m.get("skipped", [])], "runs": metas}
     meta.pop("note", None)
+    for name in ("gpu", "driver", "nccl", "torch", "mps"):  # a run without nccl (or symm) rows leaves these None
+        meta[name] = next((m[name] for m in reversed(metas) if m.get(name) is not None), None)
     # a row skipped (budget) in one run but measured in another is not skipped
     done = {f"{r['phase']} {r['name']} {r['backend']}-{r['world']} {r['preset']}" for r in rows.values()}
     meta["skipped"] = [s for s in meta["skipped"] if s not in done]
@@ -75,14 +77,11 @@ def merge(runs: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
 
 def table(sample: str, merged: dict[str, Any]) -> str:
     mod = load_script(sample)
-    if sample == "gemm_allgather":  # its own older table over the whole result
-        text = mod.make_table(merged)
-    else:
-        refs = next((v for k, v in merged.items() if isinstance(v, dict) and k != "meta"), {})
-        bench = SimpleNamespace(rows=merged["rows"], meta=lambda: merged["meta"],
-                                skipped=merged["meta"]["skipped"], worlds=sorted({r["world"] for r in merged["rows"]}),
-                                wl=load_workload(HERE.parent / "sample_kernels" / sample))
-        text = mod.make_table(bench, refs)
+    refs = next((v for k, v in merged.items() if isinstance(v, dict) and k != "meta"), {})
+    bench = SimpleNamespace(rows=merged["rows"], meta=lambda: merged["meta"], skipped=merged["meta"]["skipped"],
+                            worlds=sorted({r["world"] for r in merged["rows"]}),
+                            wl=load_workload(HERE.parent / "sample_kernels" / sample))
+    text = mod.make_table(bench, refs)
     lines = [text.rstrip("\n"), "", "## Runs", ""]
     lines += [f"- {m['date']}: {m['note']}" for m in merged["meta"]["runs"]]
     if merged["superseded"]:
