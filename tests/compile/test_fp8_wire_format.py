@@ -1,8 +1,8 @@
 """Compile tier: the CUDA conversions behind the MoE sample's 8-bit dispatch agree bit for bit with the torch
 reference (workload.fp8_roundtrip). A host program built with nvcc applies, per element, the same calls as
 moe_kernels.cuh's quantize_rows / dequantize_rows (scale = amax / kE4m3Max, __nv_cvt_float_to_fp8 with
-__NV_SATFINITE, __nv_cvt_fp8_to_halfraw, bf16 rounding) on blocks built to hit ties, saturation, e4m3
-subnormals and an all-zero block; no GPU needed. The warp reduction itself is covered on the GPU by L2."""
+__NV_SATFINITE, __nv_cvt_fp8_to_halfraw, bf16 rounding) on blocks built to hit ties, the block maximum,
+e4m3 subnormals and an all-zero block; no GPU needed. The warp reduction itself is covered on the GPU by L2."""
 from __future__ import annotations
 
 import importlib.util
