@@ -3,7 +3,8 @@
 #   CALL_S=570 scripts/device_samples.sh STEP [STEP ...]
 # STEP is one of
 #   attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench kv gemm8192_w4 timeline samples_gpu
-# (attention_fix: the Overlapped/ChunkFlags variants and the copy seed again at 4 ranks, L2 and benchmark;
+# (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
+#  copy seed) again at 4 ranks, L2 and benchmark;
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (the device tool returns at most 8
 # files), and prints its last lines. A step gets `--budget-s` = what is left minus a margin, so it stops starting
@@ -53,7 +54,7 @@ for step in "$@"; do
   echo "== $step: rc=$src in $((SECONDS - t0)) s"; tail -n 25 "$dir/$step.log"
   [ "$src" = 0 ] || rc=1
   tar czf "$OUT/$step.tgz" -C "$WORK" "$step"
-  # anything a killed step started must not outlive it (the bracket keeps pgrep from matching this shell)
+  # anything a killed step started must not outlive it (the bracket keeps the pattern off pkill's own command line)
   pkill -9 -f "[c]uco_kit.evaluate.worker" && echo "== $step: killed leftover rank workers"
   if [ "$src" = 124 ] || [ "$src" = 137 ]; then pkill -f "[n]vidia-cuda-mps" && echo "== $step: stopped its MPS daemon"; fi
 done

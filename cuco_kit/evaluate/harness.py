@@ -37,8 +37,6 @@ FLUSH_BYTES = 256 << 20  # >= 2x the 60 MB L2 of H100/H200
 HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
 CUDA_ERROR_CAPTURE_UNJOINED = 904
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
-CUDA_ERROR_CAPTURE_INVALIDATED = 901
-CUDA_ERROR_CAPTURE_UNSUPPORTED = 900
 
 TORCH_DTYPES = {"u8": torch.uint8, "i32": torch.int32, "i64": torch.int64, "f16": torch.float16,
                 "bf16": torch.bfloat16, "f32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn}
