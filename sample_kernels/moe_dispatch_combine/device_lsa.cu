@@ -498,10 +498,7 @@ void release(cuco_ctx_t* ctx, State* s) {
   cudaFree(s->gu);
   cudaFree(s->act);
   cudaFreeHost(s->host_counts);
-  if (s->fp8) {
-    cudaFree(s->send);
-    cudaFree(s->recv);
-  }
+  free_bf16_dispatch_rows(s->fp8, s->send, s->recv);
   if (s->dc_made) cuco_devcomm_destroy(ctx, &s->dc);
   delete s;
 }
@@ -742,8 +739,6 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->y = (__nv_bfloat16*)y->local;
   s->send_wire = (uint8_t*)send->local;
   s->recv_wire = (uint8_t*)recv->local;
-  s->send = s->fp8 ? nullptr : (__nv_bfloat16*)send->local;
-  s->recv = s->fp8 ? nullptr : (__nv_bfloat16*)recv->local;
   s->out = (__nv_bfloat16*)out->local;
   s->ret = (__nv_bfloat16*)ret->local;
   s->counts = (int*)counts->local;
@@ -770,8 +765,9 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->gu, rows_all * 2 * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->act, rows_all * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->host_counts, sizeof(int) * (size_t)W * E));
-  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->send, (size_t)T * K * row));
-  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->recv, std::max<size_t>(1, (size_t)(W - 1) * cap) * row));
+  if (rc == CUCO_OK)
+    rc = cuda_ok(bf16_dispatch_rows(s->fp8, send->local, recv->local, (size_t)T * K * row,
+                                    std::max<size_t>(1, (size_t)(W - 1) * cap) * row, s->send, s->recv));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->plan_host, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->plan_dev, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->done_ctas, 2 * sizeof(unsigned long long)));

@@ -130,6 +130,26 @@ __global__ void dequantize_rows(const uint8_t* wire, int rows, int H, __nv_bfloa
   }
 }
 
+// The bf16 dispatch rows the gather writes and the GEMMs read: with FP8=0 the send / recv windows themselves
+// (they hold bf16 wire rows), with FP8=1 two local buffers of send_bytes / recv_bytes beside the wire windows.
+inline cudaError_t bf16_dispatch_rows(bool fp8, void* send_win, void* recv_win, size_t send_bytes, size_t recv_bytes,
+                                      __nv_bfloat16*& send, __nv_bfloat16*& recv) {
+  if (!fp8) {
+    send = (__nv_bfloat16*)send_win;
+    recv = (__nv_bfloat16*)recv_win;
+    return cudaSuccess;
+  }
+  const cudaError_t e = cudaMalloc(&send, send_bytes);
+  return e != cudaSuccess ? e : cudaMalloc(&recv, recv_bytes);
+}
+
+// Frees what bf16_dispatch_rows allocated (nothing with FP8=0).
+inline void free_bf16_dispatch_rows(bool fp8, __nv_bfloat16* send, __nv_bfloat16* recv) {
+  if (!fp8) return;
+  cudaFree(send);
+  cudaFree(recv);
+}
+
 // FP8=1 before any row moves: send rows [0, rows) encoded into send_wire, and send rewritten with what they
 // decode to (the own rows' GEMMs read send). Not called with FP8=0, where send_wire is send.
 inline cudaError_t fp8_encode_send(__nv_bfloat16* send, uint8_t* send_wire, int rows, int H, int grid, int threads,

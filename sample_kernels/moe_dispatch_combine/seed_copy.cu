@@ -201,10 +201,7 @@ void release(State* s) {
   cudaFree(s->gu);
   cudaFree(s->act);
   cudaFreeHost(s->host_counts);
-  if (s->fp8) {
-    cudaFree(s->send);
-    cudaFree(s->recv);
-  }
+  free_bf16_dispatch_rows(s->fp8, s->send, s->recv);
   delete s;
 }
 
@@ -301,8 +298,6 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->wire_row = wire;
   s->send_wire = (uint8_t*)send->local;
   s->recv_wire = (uint8_t*)recv->local;
-  s->send = s->fp8 ? nullptr : (__nv_bfloat16*)send->local;
-  s->recv = s->fp8 ? nullptr : (__nv_bfloat16*)recv->local;
   s->out = (__nv_bfloat16*)out->local;
   s->ret = (__nv_bfloat16*)ret->local;
   s->counts = (int*)counts->local;
@@ -320,8 +315,9 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->gu, rows_all * 2 * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&s->act, rows_all * I * kBf16Bytes));
   if (rc == CUCO_OK) rc = cuda_ok(cudaMallocHost(&s->host_counts, sizeof(int) * (size_t)W * E));
-  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->send, (size_t)T * K * row));
-  if (rc == CUCO_OK && s->fp8) rc = cuda_ok(cudaMalloc(&s->recv, std::max<size_t>(1, (size_t)(W - 1) * cap) * row));
+  if (rc == CUCO_OK)
+    rc = cuda_ok(bf16_dispatch_rows(s->fp8, send->local, recv->local, (size_t)T * K * row,
+                                    std::max<size_t>(1, (size_t)(W - 1) * cap) * row, s->send, s->recv));
   if (rc != CUCO_OK) {
     release(s);
     return rc;

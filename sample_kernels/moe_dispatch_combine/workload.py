@@ -296,6 +296,7 @@ def reference(inputs: Sequence[Mapping[str, Any]], params: Params, world: int) -
                                f"{tuple(ins[name].shape)}, expected {tuple(shape(params, world))}")
     device = inputs[0]["x"].device
     acc = torch.float64 if device.type == "cpu" else torch.float32
+    fp8 = fp8_dispatch(params, world)
     xs, idxs, ws, ys = [], [], [], []
     for r in range(world):
         Tr = valid_tokens(params, world, r)
@@ -304,7 +305,7 @@ def reference(inputs: Sequence[Mapping[str, Any]], params: Params, world: int) -
             raise BadInput(f"moe_dispatch_combine reference: rank {r} routes a valid token to an expert outside "
                            f"[0, {E})")
         x = inputs[r]["x"][:Tr].to(device)
-        xs.append((fp8_roundtrip(x) if fp8_dispatch(params, world) else x).to(dtype=acc))
+        xs.append((fp8_roundtrip(x) if fp8 else x).to(dtype=acc))
         idxs.append(idx)
         ws.append(inputs[r]["topk_w"][:Tr].to(device=device, dtype=acc))
         ys.append(torch.zeros((Tr, H), device=device, dtype=acc))

@@ -22,15 +22,6 @@ def cuda(code: str) -> str:
     return f"```cuda\n{code}```\n"
 
 
-@pytest.fixture(scope="module")
-def evaluator():
-    from cuco_kit.evaluate.cascade import GpuEvaluator
-
-    ev = GpuEvaluator()
-    yield ev
-    ev.close()
-
-
 @pytest.mark.timeout(300)
 def test_fastpath_reaches_l2_at_two_ranks_and_catches_dropped_peer_stores(evaluator) -> None:
     a, b, drop = ((DATA / n).read_text() for n in ("gemm_stage_a.cu", "gemm_stage_b_lsa.cu",

@@ -28,15 +28,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def evaluator():
-    from cuco_kit.evaluate.cascade import GpuEvaluator
-
-    ev = GpuEvaluator()
-    yield ev
-    ev.close()
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sample, preset", CASES)
 def test_seeds_and_baseline_pass_l2_at_one_and_two_ranks(evaluator, sample: str, preset: str) -> None:
