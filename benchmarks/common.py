@@ -86,6 +86,8 @@ def base_args(description: str, out_default: Path) -> argparse.ArgumentParser:
     ap.add_argument("--skip-l2", action="store_true")
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--l2-presets", default=None, help="comma list replacing the script's L2 presets")
+    ap.add_argument("--bench-presets", default=None,
+                    help="comma list: run only these of the script's benchmark presets (labels)")
     ap.add_argument("--only", default=None, metavar="REGEX",
                     help="run only the seeds and variants whose names match (a re-run of a few after a fix)")
     return ap
@@ -155,6 +157,17 @@ class SampleBench:
         print(f"[{self.sample} {phase}] {name:40s} {backend}-{world} {tag:14s} {r.verdict:5s} {r.level_reached} "
               f"{ms} {r.reason[:160]}", flush=True)
         return row
+
+    def bench_labels(self, labels: Iterable[str]) -> list[str]:
+        """The script's benchmark labels, narrowed to --bench-presets when given (an unknown name is an error)."""
+        labels = list(labels)
+        if not self.args.bench_presets:
+            return labels
+        wanted = self.args.bench_presets.split(",")
+        unknown = sorted(set(wanted) - set(labels))
+        if unknown:
+            raise SystemExit(f"--bench-presets: {unknown} not among this script's benchmark presets {labels}")
+        return [x for x in labels if x in wanted]
 
     def l2(self, presets: Iterable[str]) -> None:
         """L2 (several fresh-input trials) of both seeds and every variant at every world size and preset

@@ -71,19 +71,20 @@ print(json.dumps(out))
 def main() -> int:
     args = base_args(__doc__.splitlines()[0], Path(__file__).parent / "out").parse_args()
     b = SampleBench(SAMPLE, args)
+    bench = [x for x in BENCH if x[2] in b.bench_labels(x[2] for x in BENCH)]
     try:
         b.prebuild()
         if not args.skip_l2:
             b.l2(L2_PRESETS)
         if not args.smoke and not args.skip_bench:
-            for preset, params, label in BENCH:
+            for preset, params, label in bench:
                 for world in (w for w in (1, 4) if w in b.worlds):
                     b.bench(preset, world, params, label, timeline=(world == 1))
     finally:
         b.close()
     refs = {}
     if not args.smoke and not args.skip_bench and 1 in b.worlds:
-        for preset, params, label in BENCH:
+        for preset, params, label in bench:
             p = {**b.wl.size_presets[preset], **params}
             refs[label] = torch_child(TORCH_EXPERTS, json.dumps(p), args.iters)
     return b.finish({"torch_experts": refs}, make_table(b, refs))

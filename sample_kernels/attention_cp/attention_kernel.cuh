@@ -39,8 +39,6 @@
 namespace attn {
 
 constexpr int kMaxSegments = 64;  // W * chunks <= 64 (8 ranks x 8 chunks)
-constexpr int kBlockQ = 64;       // queries per CTA (4 warps x 16 rows)
-constexpr int kBlockK = 64;       // keys per streamed tile
 constexpr int kThreads = 128;
 constexpr int kPad = 8;           // bf16 of padding per smem row: conflict-free 32-bit fragment loads
 
@@ -113,13 +111,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "r"(s));
 }
 
-// Stage rows [row0, row0 + 64) of a [*, H, D] tensor (head already applied to `base`) into smem rows of
+// Stage rows [row0, row0 + kRows) of a [*, H, D] tensor (head already applied to `base`) into smem rows of
 // stride D + kPad; rows >= n_rows are zero-filled.
-template <int D>
+template <int D, int kRows>
 __device__ __forceinline__ void load_tile(__nv_bfloat16 (*dst)[D + kPad], const __nv_bfloat16* base,
                                           size_t row_stride, int row0, int n_rows) {
   constexpr int kVecsPerRow = D / 8;
-  constexpr int kVecs = kBlockK * kVecsPerRow;
+  constexpr int kVecs = kRows * kVecsPerRow;
 #pragma unroll
   for (int i = threadIdx.x; i < kVecs; i += kThreads) {
     const int r = i / kVecsPerRow, c = i % kVecsPerRow;
@@ -139,184 +137,275 @@ __device__ __forceinline__ float quad_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
-// grid (ceil(sq / 64), heads), block 128.
+// The first segment at or after `si` that this CTA reads (n_keys > 0 and, causally, not entirely after its last
+// query); its key count up to that query in *n_end. Returns p.n_seg when there is none.
+__device__ __forceinline__ int next_segment(const Params& p, int si, int q_last, int* n_end) {
+  for (; si < p.n_seg; ++si) {
+    const Segment& sg = p.seg[si];
+    if (sg.n_keys <= 0 || (p.causal && sg.key0 > q_last)) continue;
+    *n_end = p.causal ? min(sg.n_keys, q_last - sg.key0 + 1) : sg.n_keys;
+    return si;
+  }
+  return si;
+}
+
+// The CTA's tile shape for a head dim: kMTiles 16-row m-tiles per warp (kBlockQ = 4 warps x 16 x kMTiles
+// queries) and kBlockK keys per streamed tile. Two m-tiles per warp halve the shared-memory fragment traffic per
+// mma (each K / V fragment feeds both); at D 128 their accumulators would not fit in registers.
 template <int D>
+struct TileShape {
+  static constexpr int kMTiles = D <= 64 ? 2 : 1;
+  static constexpr int kBlockK = 64;
+};
+
+// grid (ceil(sq / kBlockQ), heads), block 128.
+//
+// Pipeline per key tile j (FlashAttention 2's): V(j) loads during S = Q K(j)^T; K(j+1) - the next tile of this
+// segment, or the first of the next segment when that one needs no wait or its flag is already up - loads
+// during softmax and O += P V(j). One K and one V buffer suffice: K(j+1) is issued after every warp has read
+// K(j), V(j+1) after every warp is done with V(j).
+template <int D, int kMTiles, int kBlockK>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
+  constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
   constexpr int kKSteps = D / 16;  // k-steps of Q K^T
   constexpr int kDTiles = D / 8;   // n-tiles of P V
   constexpr int kNTiles = kBlockK / 8;
-  __shared__ alignas(16) __nv_bfloat16 ks[kBlockK][D + kPad];  // also stages the Q tile at the start
-  __shared__ alignas(16) __nv_bfloat16 vs[kBlockK][D + kPad];
+  static_assert(kBlockK % 16 == 0 && kBlockQ <= 2 * kBlockK, "the Q tile is staged through the K and V buffers");
+  __shared__ alignas(16) __nv_bfloat16 kv[2 * kBlockK][D + kPad];
+  __shared__ int next_ready;  // thread 0's verdict: the next segment's K may be prefetched
+  __nv_bfloat16(*ks)[D + kPad] = kv;
+  __nv_bfloat16(*vs)[D + kPad] = kv + kBlockK;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane >> 2, t = lane & 3;
   const int h = blockIdx.y;
   const int qt0 = blockIdx.x * kBlockQ;  // first (local) query of this CTA
   const size_t row_stride = (size_t)p.heads * D;
-  const int qrow[2] = {qt0 + warp * 16 + g, qt0 + warp * 16 + g + 8};  // local query index of my two rows
-  const int qpos[2] = {p.q0 + qrow[0], p.q0 + qrow[1]};                // their global positions
-  const int q_last = p.q0 + min(qt0 + kBlockQ, p.sq) - 1;              // last valid global query of the CTA
+  const int q_last = p.q0 + min(qt0 + kBlockQ, p.sq) - 1;  // last valid global query of the CTA
+  // Accumulator row r = 2 * mt + i of this thread: local query qrow[r], global position qpos[r].
+  int qrow[2 * kMTiles], qpos[2 * kMTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * kMTiles; ++r) {
+    qrow[r] = qt0 + warp * 16 * kMTiles + (r >> 1) * 16 + g + (r & 1) * 8;
+    qpos[r] = p.q0 + qrow[r];
+  }
 
-  // Q tile -> registers (A fragments), through the K buffer.
-  load_tile<D>(ks, p.q + (size_t)h * D, row_stride, qt0, p.sq);
+  // Q tile -> registers (A fragments), staged through the K/V buffers.
+  load_tile<D, kBlockQ>(kv, p.q + (size_t)h * D, row_stride, qt0, p.sq);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
-  uint32_t qf[kKSteps][4];
+  uint32_t qf[kMTiles][kKSteps][4];
 #pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    const int r = warp * 16 + g, c = kk * 16 + t * 2;
-    qf[kk][0] = *reinterpret_cast<const uint32_t*>(&ks[r][c]);
-    qf[kk][1] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c]);
-    qf[kk][2] = *reinterpret_cast<const uint32_t*>(&ks[r][c + 8]);
-    qf[kk][3] = *reinterpret_cast<const uint32_t*>(&ks[r + 8][c + 8]);
+  for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const int r = warp * 16 * kMTiles + mt * 16 + g, c = kk * 16 + t * 2;
+      qf[mt][kk][0] = *reinterpret_cast<const uint32_t*>(&kv[r][c]);
+      qf[mt][kk][1] = *reinterpret_cast<const uint32_t*>(&kv[r + 8][c]);
+      qf[mt][kk][2] = *reinterpret_cast<const uint32_t*>(&kv[r][c + 8]);
+      qf[mt][kk][3] = *reinterpret_cast<const uint32_t*>(&kv[r + 8][c + 8]);
+    }
   }
   __syncthreads();
 
-  // Running state of my two rows. l is this thread's PARTIAL row sum (its 1/4 of the columns): it is summed
-  // over the quad only when stored or written, so a loaded full sum goes to the quad's thread 0 alone.
-  float o[kDTiles][4];
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // Running state of my rows. l is this thread's PARTIAL row sum (its 1/4 of the columns): it is summed over
+  // the quad only when stored or written, so a loaded full sum goes to the quad's thread 0 alone.
+  float o[kMTiles][kDTiles][4];
+  float m[2 * kMTiles], l[2 * kMTiles];
 #pragma unroll
-  for (int nd = 0; nd < kDTiles; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+  for (int r = 0; r < 2 * kMTiles; ++r) m[r] = -INFINITY, l[r] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nd = 0; nd < kDTiles; ++nd) o[mt][nd][0] = o[mt][nd][1] = o[mt][nd][2] = o[mt][nd][3] = 0.f;
   if (p.load_state) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      if (qrow[i] >= p.sq) continue;
-      const size_t row = (size_t)h * p.sq + qrow[i];
-      m[i] = p.ws_ml[row * 2];
-      l[i] = t == 0 ? p.ws_ml[row * 2 + 1] : 0.f;
+    for (int r = 0; r < 2 * kMTiles; ++r) {
+      if (qrow[r] >= p.sq) continue;
+      const size_t row = (size_t)h * p.sq + qrow[r];
+      m[r] = p.ws_ml[row * 2];
+      l[r] = t == 0 ? p.ws_ml[row * 2 + 1] : 0.f;
 #pragma unroll
       for (int nd = 0; nd < kDTiles; ++nd) {
         const float2 v = *reinterpret_cast<const float2*>(p.ws_o + row * D + nd * 8 + t * 2);
-        o[nd][2 * i] = v.x;
-        o[nd][2 * i + 1] = v.y;
+        o[r >> 1][nd][2 * (r & 1)] = v.x;
+        o[r >> 1][nd][2 * (r & 1) + 1] = v.y;
       }
     }
   }
 
+  const int mrow = lane & 7, mi = lane >> 3;  // ldmatrix: the row this lane addresses, of matrix mi
+  int n_end = 0;
+  int si = next_segment(p, 0, q_last, &n_end);
+  bool k_in_flight = false;  // K tile 0 of segment si was prefetched during the previous segment's last tile
 #pragma unroll 1
-  for (int si = 0; si < p.n_seg; ++si) {
-    const Segment sg = p.seg[si];
-    if (sg.n_keys <= 0) continue;
-    if (p.causal && sg.key0 > q_last) continue;  // every key after every query of this CTA
-    if (sg.flag != nullptr) {
-      if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
-      __syncthreads();
-    }
-    const int n_end = p.causal ? min(sg.n_keys, q_last - sg.key0 + 1) : sg.n_keys;
+  while (si < p.n_seg) {
+    const Segment& sg = p.seg[si];
     const __nv_bfloat16* kb = sg.k + (size_t)h * D;
     const __nv_bfloat16* vb = sg.v + (size_t)h * D;
+    if (!k_in_flight) {
+      if (sg.flag != nullptr) {
+        if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
+        __syncthreads();  // hands thread 0's acquired view to the CTA
+      }
+      load_tile<D, kBlockK>(ks, kb, row_stride, 0, sg.n_keys);
+      cp_async_commit();
+    }
+    int next_si = si, next_end = 0;
+    k_in_flight = false;
 #pragma unroll 1
     for (int kt0 = 0; kt0 < n_end; kt0 += kBlockK) {
-      load_tile<D>(ks, kb, row_stride, kt0, sg.n_keys);
+      load_tile<D, kBlockK>(vs, vb, row_stride, kt0, sg.n_keys);
       cp_async_commit();
-      load_tile<D>(vs, vb, row_stride, kt0, sg.n_keys);
-      cp_async_commit();
-      cp_async_wait<1>();  // K has landed; V still in flight during Q K^T
+      cp_async_wait<1>();  // K(j) has landed; V(j) still in flight during Q K^T
       __syncthreads();
 
-      float s[kNTiles][4];
+      float s[kMTiles][kNTiles][4];
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
       // K fragments of n-tiles (nt, nt+1) and k-step kk in one ldmatrix: matrix i of lane l is keys
       // (nt + i/2)*8 + l%8, head dims kk*16 + (i%2)*8 .. +8 -> {b0b1, b2b3} of nt, then of nt + 1.
-      const int mrow = lane & 7, mi = lane >> 3;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
       for (int nt = 0; nt < kNTiles; nt += 2) {
 #pragma unroll
         for (int kk = 0; kk < kKSteps; ++kk) {
           uint32_t kb4[4];
           ldmatrix_x4(kb4, &ks[(nt + (mi >> 1)) * 8 + mrow][kk * 16 + (mi & 1) * 8]);
-          mma_bf16(s[nt], qf[kk], kb4[0], kb4[1]);
-          mma_bf16(s[nt + 1], qf[kk], kb4[2], kb4[3]);
-        }
-      }
-      // Mask keys past the segment's end and, causally, keys after the row's query.
-      const bool need_mask = kt0 + kBlockK > sg.n_keys || (p.causal && sg.key0 + kt0 + kBlockK - 1 > p.q0 + qt0);
 #pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[nt][e] * p.scale_log2;
-          if (need_mask) {
-            const int j = kt0 + nt * 8 + t * 2 + (e & 1);
-            if (j >= sg.n_keys || (p.causal && sg.key0 + j > qpos[e >> 1])) x = -INFINITY;
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(s[mt][nt], qf[mt][kk], kb4[0], kb4[1]);
+            mma_bf16(s[mt][nt + 1], qf[mt][kk], kb4[2], kb4[3]);
           }
-          s[nt][e] = x;
-        }
-      }
-      // Online softmax update of both rows.
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(s[nt][2 * i], s[nt][2 * i + 1]));
-        const float m_new = fmaxf(m[i], quad_max(mx));
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far: no NaN from -inf - -inf
-        const float alpha = exp2f(m[i] - m_use);
-        float sum = 0.f;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          s[nt][2 * i] = exp2f(s[nt][2 * i] - m_use);
-          s[nt][2 * i + 1] = exp2f(s[nt][2 * i + 1] - m_use);
-          sum += s[nt][2 * i] + s[nt][2 * i + 1];
-        }
-        l[i] = l[i] * alpha + sum;
-        m[i] = m_new;
-#pragma unroll
-        for (int nd = 0; nd < kDTiles; ++nd) {
-          o[nd][2 * i] *= alpha;
-          o[nd][2 * i + 1] *= alpha;
         }
       }
 
-      cp_async_wait<0>();  // V has landed
+      // Prefetch the next K tile into ks once every warp has read this one.
+      const bool last_tile = kt0 + kBlockK >= n_end;
+      if (last_tile) {
+        next_si = next_segment(p, si + 1, q_last, &next_end);
+        if (threadIdx.x == 0) {
+          bool ready = next_si < p.n_seg;
+          if (ready && p.seg[next_si].flag != nullptr) {
+            uint64_t v;
+            asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p.seg[next_si].flag) : "memory");
+            ready = v >= p.epoch;
+          }
+          next_ready = ready;
+        }
+      }
+      __syncthreads();  // ks is free; next_ready is visible (with thread 0's acquired view)
+      if (!last_tile) {
+        load_tile<D, kBlockK>(ks, kb, row_stride, kt0 + kBlockK, sg.n_keys);
+      } else if ((k_in_flight = next_ready)) {
+        const Segment& nx = p.seg[next_si];
+        load_tile<D, kBlockK>(ks, nx.k + (size_t)h * D, row_stride, 0, nx.n_keys);
+      }
+      cp_async_commit();  // possibly empty: V(j) stays the older pending group either way
+
+      // Mask keys past the segment's end and, causally, keys after the row's query.
+      const bool need_mask = kt0 + kBlockK > sg.n_keys || (p.causal && sg.key0 + kt0 + kBlockK - 1 > p.q0 + qt0);
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[mt][nt][e] * p.scale_log2;
+            if (need_mask) {
+              const int j = kt0 + nt * 8 + t * 2 + (e & 1);
+              if (j >= sg.n_keys || (p.causal && sg.key0 + j > qpos[2 * mt + (e >> 1)])) x = -INFINITY;
+            }
+            s[mt][nt][e] = x;
+          }
+        }
+      }
+      // Online softmax update of every row.
+#pragma unroll
+      for (int r = 0; r < 2 * kMTiles; ++r) {
+        float(&sr)[kNTiles][4] = s[r >> 1];
+        const int c = 2 * (r & 1);
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(sr[nt][c], sr[nt][c + 1]));
+        const float m_new = fmaxf(m[r], quad_max(mx));
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far: no NaN from -inf - -inf
+        const float alpha = exp2f(m[r] - m_use);
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          sr[nt][c] = exp2f(sr[nt][c] - m_use);
+          sr[nt][c + 1] = exp2f(sr[nt][c + 1] - m_use);
+          sum += sr[nt][c] + sr[nt][c + 1];
+        }
+        l[r] = l[r] * alpha + sum;
+        m[r] = m_new;
+#pragma unroll
+        for (int nd = 0; nd < kDTiles; ++nd) {
+          o[r >> 1][nd][c] *= alpha;
+          o[r >> 1][nd][c + 1] *= alpha;
+        }
+      }
+
+      cp_async_wait<1>();  // V(j) has landed; K(j+1) may still be in flight
       __syncthreads();
       // O += P V: P (bf16) straight from the S accumulators, V fragments from smem.
 #pragma unroll
       for (int kk = 0; kk < kBlockK / 16; ++kk) {
-        uint32_t pa[4];
-        pa[0] = pack_bf16(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        uint32_t pa[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
         // V fragments of d-tiles (nd, nd+1) in one transposing ldmatrix: matrix i of lane l is keys
         // kk*16 + (i%2)*8 + l%8, head dims (nd + i/2)*8 .. +8 -> {b0b1, b2b3} of nd, then of nd + 1.
 #pragma unroll
         for (int nd = 0; nd < kDTiles; nd += 2) {
           uint32_t vb4[4];
           ldmatrix_x4_trans(vb4, &vs[kk * 16 + (mi & 1) * 8 + mrow][(nd + (mi >> 1)) * 8]);
-          mma_bf16(o[nd], pa, vb4[0], vb4[1]);
-          mma_bf16(o[nd + 1], pa, vb4[2], vb4[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_bf16(o[mt][nd], pa[mt], vb4[0], vb4[1]);
+            mma_bf16(o[mt][nd + 1], pa[mt], vb4[2], vb4[3]);
+          }
         }
       }
-      __syncthreads();  // everyone is done with ks / vs before the next tile overwrites them
+      __syncthreads();  // every warp is done with vs before V(j+1) overwrites it
     }
+    si = next_si;
+    n_end = next_end;
   }
+  cp_async_wait<0>();
 
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float l_full = quad_sum(l[i]);  // all lanes take part in the shuffle
-    if (qrow[i] >= p.sq) continue;
-    const size_t row = (size_t)h * p.sq + qrow[i];
+  for (int r = 0; r < 2 * kMTiles; ++r) {
+    const float l_full = quad_sum(l[r]);  // all lanes take part in the shuffle
+    if (qrow[r] >= p.sq) continue;
+    const size_t row = (size_t)h * p.sq + qrow[r];
+    const float(&orow_acc)[kDTiles][4] = o[r >> 1];
+    const int c = 2 * (r & 1);
     if (p.store_state) {
       if (t == 0) {
-        p.ws_ml[row * 2] = m[i];
+        p.ws_ml[row * 2] = m[r];
         p.ws_ml[row * 2 + 1] = l_full;
       }
 #pragma unroll
       for (int nd = 0; nd < kDTiles; ++nd)
-        *reinterpret_cast<float2*>(p.ws_o + row * D + nd * 8 + t * 2) = make_float2(o[nd][2 * i], o[nd][2 * i + 1]);
+        *reinterpret_cast<float2*>(p.ws_o + row * D + nd * 8 + t * 2) = make_float2(orow_acc[nd][c], orow_acc[nd][c + 1]);
     }
     if (p.write_out) {
       const float inv = 1.f / l_full;  // l_full == 0 (no key at all) writes inf/NaN: verification fails loudly
-      __nv_bfloat16* orow = p.o + (size_t)qrow[i] * row_stride + (size_t)h * D;
+      __nv_bfloat16* orow = p.o + (size_t)qrow[r] * row_stride + (size_t)h * D;
 #pragma unroll
       for (int nd = 0; nd < kDTiles; ++nd)
         *reinterpret_cast<__nv_bfloat162*>(orow + nd * 8 + t * 2) =
-            __floats2bfloat162_rn(o[nd][2 * i] * inv, o[nd][2 * i + 1] * inv);
+            __floats2bfloat162_rn(orow_acc[nd][c] * inv, orow_acc[nd][c + 1] * inv);
     }
   }
 }
@@ -324,17 +413,24 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
 // Host: log2(e) / sqrt(d), the scale the kernel applies to Q K^T before exp2.
 inline float scale_log2(int d) { return (float)(1.4426950408889634 / sqrt((double)d)); }
 
+// Enqueue one launch of a given tile shape (benchmarks compare shapes; launch() picks TileShape<D>).
+template <int D, int kMTiles, int kBlockK>
+inline cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
+  if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
+  constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
+  const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
+  flash_fwd_kernel<D, kMTiles, kBlockK><<<grid, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
 // Enqueue one attention launch on `stream`; cudaErrorInvalidValue for a head dim other than 32, 64, 128.
 inline cudaError_t launch(const Params& p, int d, cudaStream_t stream) {
-  if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
-  const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
   switch (d) {
-    case 32: flash_fwd_kernel<32><<<grid, kThreads, 0, stream>>>(p); break;
-    case 64: flash_fwd_kernel<64><<<grid, kThreads, 0, stream>>>(p); break;
-    case 128: flash_fwd_kernel<128><<<grid, kThreads, 0, stream>>>(p); break;
+    case 32: return launch_shape<32, TileShape<32>::kMTiles, TileShape<32>::kBlockK>(p, stream);
+    case 64: return launch_shape<64, TileShape<64>::kMTiles, TileShape<64>::kBlockK>(p, stream);
+    case 128: return launch_shape<128, TileShape<128>::kMTiles, TileShape<128>::kBlockK>(p, stream);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace attn

@@ -1,0 +1,142 @@
+"""The shared attention kernel alone at each tile shape against torch SDPA (flash), on one GPU, in one process.
+
+  PYTHONPATH=. python3 benchmarks/attention_cp/tile_shapes.py --out DIR [--iters 20]
+
+Why a separate script: the sample benchmark (run.py) measures the kernel the sources build, i.e. the default tile
+shape of each head dim (attn::TileShape). Choosing that default needs every shape on the same inputs, which the
+harness cannot give (a candidate builds one shape). This script builds tile_shapes.cu (every shape that compiles
+without register spills) into a shared library, and for each of run.py's kernel presets:
+  1. checks every shape's output against SDPA flash on the same q, k, v (max |error| / max |reference|, the
+     workload's REL_TOLERANCE);
+  2. times every shape and SDPA flash like the other references: profiler kernel time averaged over iterations,
+     fresh random inputs and a cold L2 before each, all in the same process and the same run.
+Counts: FLOPs = 4 * H * D per visible (query, key) pair. Writes tile_shapes.json (raw) and tile_shapes.md.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE.parent))
+
+from common import TIMING_PRELUDE, detect_gpu  # noqa: E402
+
+SAMPLE = ROOT / "sample_kernels" / "attention_cp"
+PRESETS = ("paper", "paper_noncausal", "d32", "d128")
+
+
+def build(workdir: Path) -> ctypes.CDLL:
+    lib = workdir / "libattn_tiles.so"
+    nvcc = os.environ.get("NVCC", "nvcc")
+    cmd = [nvcc, "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", f"-I{SAMPLE}", str(HERE / "tile_shapes.cu"),
+           "-o", str(lib)]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise SystemExit(f"tile_shapes.cu did not build:\n{p.stderr[-2000:]}")
+    return ctypes.CDLL(str(lib))
+
+
+def shapes(lib: ctypes.CDLL) -> list[tuple[int, int, int]]:
+    out = []
+    for i in range(lib.attn_shape_count()):
+        d, m, n = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        lib.attn_shape(i, ctypes.byref(d), ctypes.byref(m), ctypes.byref(n))
+        out.append((d.value, m.value, n.value))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "out"))
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    sys.path.insert(0, str(SAMPLE))
+    import workload  # the sample's presets and tolerance
+
+    scope: dict = {}
+    exec(TIMING_PRELUDE, scope)  # time_it / kernel_us / the L2 flush buffer, shared with the reference children
+    torch = scope["torch"]
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lib = build(Path(tmp))
+        all_shapes = shapes(lib)
+        rows = []
+        for preset in PRESETS:
+            p = workload.SIZE_PRESETS[preset]
+            S, H, D, causal = p["SEQ"], p["H"], p["D"], int(p["CAUSAL"])
+            g = torch.Generator(device="cuda")
+            g.manual_seed(0)
+            q, k, v = (torch.randn(S, H, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
+            o = torch.empty_like(q)
+            heads_first = [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)]  # [1, H, S, D] views, same data
+
+            def refresh() -> None:
+                for t in (q, k, v):
+                    t.normal_(generator=g)
+
+            def sdpa() -> object:
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                    return F.scaled_dot_product_attention(*heads_first, is_causal=bool(causal))
+
+            pairs = S * (S + 1) // 2 if causal else S * S
+            flops = 4.0 * H * D * pairs
+            sdpa_us = scope["kernel_us"](sdpa, refresh, args.iters, "flash")
+            row = {"preset": preset, "SEQ": S, "H": H, "D": D, "causal": causal, "flops": flops,
+                   "sdpa_flash_us": sdpa_us, "shapes": []}
+            for d, m_tiles, block_k in (s for s in all_shapes if s[0] == D):
+                def ours(d=d, m_tiles=m_tiles, block_k=block_k) -> None:
+                    rc = lib.attn_run(d, m_tiles, block_k, ctypes.c_void_p(q.data_ptr()),
+                                      ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
+                                      ctypes.c_void_p(o.data_ptr()), S, H, causal,
+                                      ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+                    if rc != 0:
+                        raise RuntimeError(f"attn_run({d}, {m_tiles}, {block_k}) returned CUDA error {rc}")
+
+                ref = sdpa()[0].permute(1, 0, 2).float()  # on the inputs as the last timing left them
+                ours()
+                torch.cuda.synchronize()
+                rel = ((o.float() - ref).abs().max() / ref.abs().max()).item()
+                us = scope["kernel_us"](ours, refresh, args.iters, "flash_fwd_kernel")
+                row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "block_q": 64 * m_tiles,
+                                      "rel_error": rel, "ok": rel <= workload.REL_TOLERANCE, "kernel_us": us,
+                                      "vs_sdpa": sdpa_us / us, "tflops": flops / us / 1e6})
+                print(f"{preset} D{D} m{m_tiles} k{block_k}: {us:.1f} us vs SDPA {sdpa_us:.1f} us "
+                      f"({sdpa_us / us:.0%}), rel err {rel:.2e}", flush=True)
+            rows.append(row)
+
+    gpu = (detect_gpu() or [{}])[0]
+    meta = {"date": dt.date.today().isoformat(), "gpu": gpu.get("name"), "driver": gpu.get("driver_version"),
+            "torch": torch.__version__, "iters": args.iters}
+    (out / "tile_shapes.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [f"# The attention kernel alone at each tile shape vs torch SDPA flash ({meta['date']})", "",
+             f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}. Profiler kernel time averaged over "
+             f"{args.iters} iterations, fresh inputs and cold L2 before each; world size 1, one segment.", "",
+             "| preset | D | causal | m-tiles/warp | block Q x K | ours ms | SDPA flash ms | ours / SDPA | TFLOP/s | "
+             "rel error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for s in r["shapes"]:
+            lines.append(f"| {r['preset']} | {r['D']} | {r['causal']} | {s['m_tiles']} | {s['block_q']} x "
+                         f"{s['block_k']} | {s['kernel_us'] / 1000:.4f} | {r['sdpa_flash_us'] / 1000:.4f} | "
+                         f"{s['vs_sdpa']:.0%} | {s['tflops']:.0f} | {s['rel_error']:.1e}{'' if s['ok'] else ' FAIL'} |")
+    (out / "tile_shapes.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(s["ok"] for r in rows for s in r["shapes"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
