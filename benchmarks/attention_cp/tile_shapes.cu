@@ -3,30 +3,44 @@
 // sequence is one segment, so this is the kernel alone, without communication.
 #include "attention_kernel.cuh"
 
-// (D, m-tiles per warp, keys per tile): the shapes that fit in 255 registers without spilling (ptxas -v).
-#define ATTN_TILE_SHAPES(X) \
-  X(32, 1, 64) X(32, 2, 64) X(32, 1, 128) X(64, 1, 64) X(64, 2, 64) X(64, 1, 128) X(128, 1, 64)
+// (D, m-tiles per warp, keys per tile, prefetch K): shapes that fit in 255 registers without spilling (ptxas -v)
+// and in 48 KiB of static shared memory.
+#define ATTN_TILE_SHAPES(X)                                                                                \
+  X(32, 1, 64, 0) X(32, 1, 64, 1) X(32, 1, 128, 0) X(32, 1, 128, 1) X(32, 2, 64, 1)                         \
+  X(64, 1, 64, 0) X(64, 1, 64, 1) X(64, 1, 128, 0) X(64, 1, 128, 1) X(64, 2, 64, 0) X(64, 2, 64, 1)         \
+  X(128, 1, 64, 0) X(128, 1, 64, 1)
 
 namespace {
-struct Shape { int d, m_tiles, block_k; };
+struct Shape { int d, m_tiles, block_k, prefetch_k; };
 constexpr Shape kShapes[] = {
-#define ATTN_SHAPE_ENTRY(D, M, N) {D, M, N},
+#define ATTN_SHAPE_ENTRY(D, M, N, P) {D, M, N, P},
     ATTN_TILE_SHAPES(ATTN_SHAPE_ENTRY)
 #undef ATTN_SHAPE_ENTRY
 };
+
+template <int D>
+constexpr bool default_is_compared() {
+  using T = attn::TileShape<D>;
+  for (const Shape& s : kShapes)
+    if (s.d == D && s.m_tiles == T::kMTiles && s.block_k == T::kBlockK && s.prefetch_k == (int)T::kPrefetchK)
+      return true;
+  return false;
+}
+static_assert(default_is_compared<32>() && default_is_compared<64>() && default_is_compared<128>(),
+              "attn::TileShape's default for a head dim must be one of the shapes compared here");
 }  // namespace
 
 extern "C" int attn_shape_count() { return (int)(sizeof(kShapes) / sizeof(kShapes[0])); }
 
-// Shape i as (d, m_tiles, block_k); -1 past the end.
-extern "C" int attn_shape(int i, int* d, int* m_tiles, int* block_k) {
+// Shape i as (d, m_tiles, block_k, prefetch_k); -1 past the end.
+extern "C" int attn_shape(int i, int* d, int* m_tiles, int* block_k, int* prefetch_k) {
   if (i < 0 || i >= attn_shape_count()) return -1;
-  *d = kShapes[i].d, *m_tiles = kShapes[i].m_tiles, *block_k = kShapes[i].block_k;
+  *d = kShapes[i].d, *m_tiles = kShapes[i].m_tiles, *block_k = kShapes[i].block_k, *prefetch_k = kShapes[i].prefetch_k;
   return 0;
 }
 
 // Enqueue the kernel of one shape on `stream`; a cudaError_t (cudaErrorInvalidValue for a shape not built).
-extern "C" int attn_run(int d, int m_tiles, int block_k, const void* q, const void* k, const void* v, void* o,
+extern "C" int attn_run(int d, int m_tiles, int block_k, int prefetch_k, const void* q, const void* k, const void* v, void* o,
                         int seq, int heads, int causal, void* stream) {
   attn::Params p{};
   p.q = (const __nv_bfloat16*)q;
@@ -37,8 +51,8 @@ extern "C" int attn_run(int d, int m_tiles, int block_k, const void* q, const vo
   p.seg[0] = attn::Segment{(const __nv_bfloat16*)k, (const __nv_bfloat16*)v, nullptr, 0, seq};
   p.write_out = 1;
   const cudaStream_t s = (cudaStream_t)stream;
-#define ATTN_SHAPE_CASE(D, M, N) \
-  if (d == D && m_tiles == M && block_k == N) return (int)attn::launch_shape<D, M, N>(p, s);
+#define ATTN_SHAPE_CASE(D, M, N, P) \
+  if (d == D && m_tiles == M && block_k == N && prefetch_k == P) return (int)attn::launch_shape<D, M, N, P>(p, s);
   ATTN_TILE_SHAPES(ATTN_SHAPE_CASE)
 #undef ATTN_SHAPE_CASE
   return (int)cudaErrorInvalidValue;

@@ -137,6 +137,13 @@ __device__ __forceinline__ float quad_max(float x) {
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
 }
 
+// 2^x by the SFU (ex2.approx.ftz: 2 ulp; what --use_fast_math makes of exp2f); 2^-inf = 0.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The first segment at or after `si` that this CTA reads (n_keys > 0 and, causally, not entirely after its last
 // query); its key count up to that query in *n_end. Returns p.n_seg when there is none.
 __device__ __forceinline__ int next_segment(const Params& p, int si, int q_last, int* n_end) {
@@ -154,8 +161,9 @@ __device__ __forceinline__ int next_segment(const Params& p, int si, int q_last,
 // mma (each K / V fragment feeds both); at D 128 their accumulators would not fit in registers.
 template <int D>
 struct TileShape {
-  static constexpr int kMTiles = D <= 64 ? 2 : 1;
-  static constexpr int kBlockK = 64;
+  static constexpr int kMTiles = 1;
+  static constexpr int kBlockK = D == 32 ? 128 : 64;
+  static constexpr bool kPrefetchK = true;
 };
 
 // grid (ceil(sq / kBlockQ), heads), block 128.
@@ -164,7 +172,7 @@ struct TileShape {
 // segment, or the first of the next segment when that one needs no wait or its flag is already up - loads
 // during softmax and O += P V(j). One K and one V buffer suffice: K(j+1) is issued after every warp has read
 // K(j), V(j+1) after every warp is done with V(j).
-template <int D, int kMTiles, int kBlockK>
+template <int D, int kMTiles, int kBlockK, bool kPrefetchK>
 __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
   constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
@@ -239,24 +247,23 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
   const int mrow = lane & 7, mi = lane >> 3;  // ldmatrix: the row this lane addresses, of matrix mi
   int n_end = 0;
   int si = next_segment(p, 0, q_last, &n_end);
-  bool k_in_flight = false;  // K tile 0 of segment si was prefetched during the previous segment's last tile
+  bool k_in_flight = false;  // the next tile's K was prefetched (kPrefetchK) during the previous tile
 #pragma unroll 1
   while (si < p.n_seg) {
     const Segment& sg = p.seg[si];
     const __nv_bfloat16* kb = sg.k + (size_t)h * D;
     const __nv_bfloat16* vb = sg.v + (size_t)h * D;
-    if (!k_in_flight) {
-      if (sg.flag != nullptr) {
-        if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
-        __syncthreads();  // hands thread 0's acquired view to the CTA
-      }
-      load_tile<D, kBlockK>(ks, kb, row_stride, 0, sg.n_keys);
-      cp_async_commit();
-    }
     int next_si = si, next_end = 0;
-    k_in_flight = false;
 #pragma unroll 1
     for (int kt0 = 0; kt0 < n_end; kt0 += kBlockK) {
+      if (!k_in_flight) {
+        if (kt0 == 0 && sg.flag != nullptr) {
+          if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
+          __syncthreads();  // hands thread 0's acquired view to the CTA
+        }
+        load_tile<D, kBlockK>(ks, kb, row_stride, kt0, sg.n_keys);
+        cp_async_commit();
+      }
       load_tile<D, kBlockK>(vs, vb, row_stride, kt0, sg.n_keys);
       cp_async_commit();
       cp_async_wait<1>();  // K(j) has landed; V(j) still in flight during Q K^T
@@ -283,11 +290,13 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
         }
       }
 
-      // Prefetch the next K tile into ks once every warp has read this one.
       const bool last_tile = kt0 + kBlockK >= n_end;
-      if (last_tile) {
-        next_si = next_segment(p, si + 1, q_last, &next_end);
-        if (threadIdx.x == 0) {
+      if (last_tile) next_si = next_segment(p, si + 1, q_last, &next_end);
+      k_in_flight = false;
+      if constexpr (kPrefetchK) {
+        // Prefetch the next K tile into ks once every warp has read this one: the next tile of this segment, or
+        // the first of the next segment if it needs no wait or its flag is already up.
+        if (last_tile && threadIdx.x == 0) {
           bool ready = next_si < p.n_seg;
           if (ready && p.seg[next_si].flag != nullptr) {
             uint64_t v;
@@ -296,15 +305,17 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
           }
           next_ready = ready;
         }
+        __syncthreads();  // ks is free; next_ready is visible (with thread 0's acquired view)
+        if (!last_tile) {
+          load_tile<D, kBlockK>(ks, kb, row_stride, kt0 + kBlockK, sg.n_keys);
+          k_in_flight = true;
+        } else if (next_ready) {
+          const Segment& nx = p.seg[next_si];
+          load_tile<D, kBlockK>(ks, nx.k + (size_t)h * D, row_stride, 0, nx.n_keys);
+          k_in_flight = true;
+        }
+        cp_async_commit();  // possibly empty: V(j) stays the older pending group either way
       }
-      __syncthreads();  // ks is free; next_ready is visible (with thread 0's acquired view)
-      if (!last_tile) {
-        load_tile<D, kBlockK>(ks, kb, row_stride, kt0 + kBlockK, sg.n_keys);
-      } else if ((k_in_flight = next_ready)) {
-        const Segment& nx = p.seg[next_si];
-        load_tile<D, kBlockK>(ks, nx.k + (size_t)h * D, row_stride, 0, nx.n_keys);
-      }
-      cp_async_commit();  // possibly empty: V(j) stays the older pending group either way
 
       // Mask keys past the segment's end and, causally, keys after the row's query.
       const bool need_mask = kt0 + kBlockK > sg.n_keys || (p.causal && sg.key0 + kt0 + kBlockK - 1 > p.q0 + qt0);
@@ -314,16 +325,14 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
         for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float x = s[mt][nt][e] * p.scale_log2;
-            if (need_mask) {
-              const int j = kt0 + nt * 8 + t * 2 + (e & 1);
-              if (j >= sg.n_keys || (p.causal && sg.key0 + j > qpos[2 * mt + (e >> 1)])) x = -INFINITY;
-            }
-            s[mt][nt][e] = x;
+            const int j = kt0 + nt * 8 + t * 2 + (e & 1);
+            if (need_mask && (j >= sg.n_keys || (p.causal && sg.key0 + j > qpos[2 * mt + (e >> 1)])))
+              s[mt][nt][e] = -INFINITY;
           }
         }
       }
-      // Online softmax update of every row.
+      // Online softmax update of every row. S is unscaled: the scale rides in the exponent's FMA (m is in scaled
+      // log2 units; scaling by a positive number commutes with the max).
 #pragma unroll
       for (int r = 0; r < 2 * kMTiles; ++r) {
         float(&sr)[kNTiles][4] = s[r >> 1];
@@ -331,14 +340,14 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
         float mx = -INFINITY;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) mx = fmaxf(mx, fmaxf(sr[nt][c], sr[nt][c + 1]));
-        const float m_new = fmaxf(m[r], quad_max(mx));
+        const float m_new = fmaxf(m[r], quad_max(mx) * p.scale_log2);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a fully masked row so far: no NaN from -inf - -inf
-        const float alpha = exp2f(m[r] - m_use);
+        const float alpha = fast_exp2(m[r] - m_use);
         float sum = 0.f;
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt) {
-          sr[nt][c] = exp2f(sr[nt][c] - m_use);
-          sr[nt][c + 1] = exp2f(sr[nt][c + 1] - m_use);
+          sr[nt][c] = fast_exp2(fmaf(sr[nt][c], p.scale_log2, -m_use));
+          sr[nt][c + 1] = fast_exp2(fmaf(sr[nt][c + 1], p.scale_log2, -m_use));
           sum += sr[nt][c] + sr[nt][c + 1];
         }
         l[r] = l[r] * alpha + sum;
@@ -350,7 +359,11 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
         }
       }
 
-      cp_async_wait<1>();  // V(j) has landed; K(j+1) may still be in flight
+      if constexpr (kPrefetchK) {
+        cp_async_wait<1>();  // V(j) has landed; K(j+1) may still be in flight
+      } else {
+        cp_async_wait<0>();  // V(j) has landed
+      }
       __syncthreads();
       // O += P V: P (bf16) straight from the S accumulators, V fragments from smem.
 #pragma unroll
@@ -414,21 +427,27 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
 inline float scale_log2(int d) { return (float)(1.4426950408889634 / sqrt((double)d)); }
 
 // Enqueue one launch of a given tile shape (benchmarks compare shapes; launch() picks TileShape<D>).
-template <int D, int kMTiles, int kBlockK>
+template <int D, int kMTiles, int kBlockK, bool kPrefetchK>
 inline cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
   if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
   constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
   const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
-  flash_fwd_kernel<D, kMTiles, kBlockK><<<grid, kThreads, 0, stream>>>(p);
+  flash_fwd_kernel<D, kMTiles, kBlockK, kPrefetchK><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int D>
+inline cudaError_t launch_default(const Params& p, cudaStream_t stream) {
+  using T = TileShape<D>;
+  return launch_shape<D, T::kMTiles, T::kBlockK, T::kPrefetchK>(p, stream);
 }
 
 // Enqueue one attention launch on `stream`; cudaErrorInvalidValue for a head dim other than 32, 64, 128.
 inline cudaError_t launch(const Params& p, int d, cudaStream_t stream) {
   switch (d) {
-    case 32: return launch_shape<32, TileShape<32>::kMTiles, TileShape<32>::kBlockK>(p, stream);
-    case 64: return launch_shape<64, TileShape<64>::kMTiles, TileShape<64>::kBlockK>(p, stream);
-    case 128: return launch_shape<128, TileShape<128>::kMTiles, TileShape<128>::kBlockK>(p, stream);
+    case 32: return launch_default<32>(p, stream);
+    case 64: return launch_default<64>(p, stream);
+    case 128: return launch_default<128>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
