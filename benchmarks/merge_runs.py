@@ -2,7 +2,8 @@
 
   python3 benchmarks/merge_runs.py SAMPLE RUN.json[=NOTE] [RUN.json[=NOTE] ...]
 
-One device call rarely holds a whole sample (30 minutes of device time per session, 10 per call), so the rows come
+A RUN.json may itself be an earlier merge (a sample's results.json, copied aside first since it is rewritten): its
+runs, notes and superseded rows carry over. One device call rarely holds a whole sample (30 minutes of device time per session, 10 per call), so the rows come
 from several runs. Later runs supersede earlier rows of the same (phase, name, world, preset): the superseded
 rows stay in the JSON under "superseded", with the note of the run that replaced them, and the table lists them,
 so a failure fixed later is never silently dropped. The table is the sample's own `make_table`.
@@ -51,16 +52,21 @@ def merge(runs: list[tuple[dict[str, Any], str]]) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     metas = []
     for result, note in runs:
-        metas.append({**result["meta"], "note": note})
+        merged_before = "runs" in result["meta"]  # an earlier merge (results.json): keep its runs and notes
+        if merged_before:
+            metas.extend(result["meta"]["runs"])
+            superseded.extend(result.get("superseded", []))
+        else:
+            metas.append({**result["meta"], "note": note})
         for name, value in result.items():
-            if name in ("meta", "rows"):
+            if name in ("meta", "rows", "superseded"):
                 continue
             if isinstance(value, dict):
                 extra.setdefault(name, {}).update({k: v for k, v in value.items() if owns(result, k)})
             elif isinstance(value, list):  # e.g. the evaluator's warm/cold history: every run's, in order
                 extra.setdefault(name, []).extend(value)
         for row in result["rows"]:
-            row = {**row, "run": note}
+            row = row if merged_before else {**row, "run": note}
             old = rows.get(key(row))
             if old is not None:
                 superseded.append({**old, "superseded_by": note})

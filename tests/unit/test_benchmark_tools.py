@@ -71,6 +71,32 @@ def test_a_row_skipped_in_one_run_and_measured_in_another_is_not_skipped(merge_r
     assert merge_runs.merge([(cut, "cut"), (later, "later")])["meta"]["skipped"] == ["bench w nccl-1 paper"]
 
 
+@pytest.mark.timeout(60)
+def test_an_earlier_merge_is_a_run_whose_notes_and_superseded_rows_carry_over(merge_runs: Any) -> None:
+    first = _run([_row("bench", "v1", 4, "paper", "fail", None), _row("bench", "v2", 4, "paper")])
+    fix = _run([_row("bench", "v1", 4, "paper", "pass", 3.6)])
+    earlier = merge_runs.merge([(first, "first"), (fix, "fix")])
+    again = _run([_row("bench", "v2", 4, "paper", "pass", 2.0)])
+    merged = merge_runs.merge([(earlier, "ignored: an earlier merge keeps its own notes"), (again, "again")])
+    assert [m["note"] for m in merged["meta"]["runs"]] == ["first", "fix", "again"]
+    assert {(r["name"], r["run"]) for r in merged["rows"]} == {("v1", "fix"), ("v2", "again")}
+    assert [(r["name"], r["superseded_by"]) for r in merged["superseded"]] == [("v1", "fix"), ("v2", "again")]
+
+
+@pytest.mark.timeout(60)
+def test_bench_presets_narrow_the_scripts_presets_and_name_unknown_ones() -> None:
+    common = _load("bench_common_under_test", ROOT / "benchmarks" / "common.py")
+    args = common.base_args("x", ROOT).parse_args(["--bench-presets", "b", "--worlds", "1", "--only", "^$"])
+    bench = common.SampleBench("attention_cp", args)
+    try:
+        assert bench.bench_labels(["a", "b", "c"]) == ["b"]
+        with pytest.raises(SystemExit, match="'zz'"):
+            bench.args.bench_presets = "b,zz"
+            bench.bench_labels(["a", "b"])
+    finally:
+        bench.close()
+
+
 @pytest.mark.timeout(120)
 def test_only_keeps_the_matching_seeds_and_variants() -> None:
     common = _load("bench_common_under_test", ROOT / "benchmarks" / "common.py")
