@@ -3,17 +3,19 @@
 // sequence is one segment, so this is the kernel alone, without communication.
 #include "attention_kernel.cuh"
 
-// (D, m-tiles per warp, keys per tile, prefetch K): shapes that fit in 255 registers without spilling (ptxas -v)
-// and in 48 KiB of static shared memory.
-#define ATTN_TILE_SHAPES(X)                                                                                \
-  X(32, 1, 64, 0) X(32, 1, 64, 1) X(32, 1, 128, 0) X(32, 1, 128, 1) X(32, 2, 64, 1)                         \
-  X(64, 1, 64, 0) X(64, 1, 64, 1) X(64, 1, 128, 0) X(64, 1, 128, 1) X(64, 2, 64, 0) X(64, 2, 64, 1)         \
-  X(128, 1, 64, 0) X(128, 1, 64, 1)
+// (D, m-tiles per warp, keys per tile, prefetch K, min CTAs per SM): shapes whose registers fit without spilling
+// (ptxas -v) and whose tiles fit in 48 KiB of static shared memory.
+#define ATTN_TILE_SHAPES(X)                                                                                   \
+  X(32, 1, 64, 0, 1) X(32, 1, 64, 1, 1) X(32, 1, 64, 1, 4) X(32, 1, 128, 0, 1) X(32, 1, 128, 1, 1)              \
+  X(32, 2, 64, 1, 1)                                                                                          \
+  X(64, 1, 64, 0, 1) X(64, 1, 64, 1, 1) X(64, 1, 64, 0, 4) X(64, 1, 64, 1, 4) X(64, 1, 128, 0, 1)               \
+  X(64, 1, 128, 1, 1) X(64, 2, 64, 0, 1) X(64, 2, 64, 1, 1)                                                    \
+  X(128, 1, 64, 0, 1) X(128, 1, 64, 1, 1)
 
 namespace {
-struct Shape { int d, m_tiles, block_k, prefetch_k; };
+struct Shape { int d, m_tiles, block_k, prefetch_k, min_ctas; };
 constexpr Shape kShapes[] = {
-#define ATTN_SHAPE_ENTRY(D, M, N, P) {D, M, N, P},
+#define ATTN_SHAPE_ENTRY(D, M, N, P, C) {D, M, N, P, C},
     ATTN_TILE_SHAPES(ATTN_SHAPE_ENTRY)
 #undef ATTN_SHAPE_ENTRY
 };
@@ -22,7 +24,8 @@ template <int D>
 constexpr bool default_is_compared() {
   using T = attn::TileShape<D>;
   for (const Shape& s : kShapes)
-    if (s.d == D && s.m_tiles == T::kMTiles && s.block_k == T::kBlockK && s.prefetch_k == (int)T::kPrefetchK)
+    if (s.d == D && s.m_tiles == T::kMTiles && s.block_k == T::kBlockK && s.prefetch_k == (int)T::kPrefetchK &&
+        s.min_ctas == T::kMinCtas)
       return true;
   return false;
 }
@@ -32,15 +35,16 @@ static_assert(default_is_compared<32>() && default_is_compared<64>() && default_
 
 extern "C" int attn_shape_count() { return (int)(sizeof(kShapes) / sizeof(kShapes[0])); }
 
-// Shape i as (d, m_tiles, block_k, prefetch_k); -1 past the end.
-extern "C" int attn_shape(int i, int* d, int* m_tiles, int* block_k, int* prefetch_k) {
+// Shape i as (d, m_tiles, block_k, prefetch_k, min_ctas); -1 past the end.
+extern "C" int attn_shape(int i, int* d, int* m_tiles, int* block_k, int* prefetch_k, int* min_ctas) {
   if (i < 0 || i >= attn_shape_count()) return -1;
-  *d = kShapes[i].d, *m_tiles = kShapes[i].m_tiles, *block_k = kShapes[i].block_k, *prefetch_k = kShapes[i].prefetch_k;
+  const Shape& s = kShapes[i];
+  *d = s.d, *m_tiles = s.m_tiles, *block_k = s.block_k, *prefetch_k = s.prefetch_k, *min_ctas = s.min_ctas;
   return 0;
 }
 
 // Enqueue the kernel of one shape on `stream`; a cudaError_t (cudaErrorInvalidValue for a shape not built).
-extern "C" int attn_run(int d, int m_tiles, int block_k, int prefetch_k, const void* q, const void* k, const void* v, void* o,
+extern "C" int attn_run(int d, int m_tiles, int block_k, int prefetch_k, int min_ctas, const void* q, const void* k, const void* v, void* o,
                         int seq, int heads, int causal, void* stream) {
   attn::Params p{};
   p.q = (const __nv_bfloat16*)q;
@@ -51,8 +55,9 @@ extern "C" int attn_run(int d, int m_tiles, int block_k, int prefetch_k, const v
   p.seg[0] = attn::Segment{(const __nv_bfloat16*)k, (const __nv_bfloat16*)v, nullptr, 0, seq};
   p.write_out = 1;
   const cudaStream_t s = (cudaStream_t)stream;
-#define ATTN_SHAPE_CASE(D, M, N, P) \
-  if (d == D && m_tiles == M && block_k == N && prefetch_k == P) return (int)attn::launch_shape<D, M, N, P>(p, s);
+#define ATTN_SHAPE_CASE(D, M, N, P, C)                                                    \
+  if (d == D && m_tiles == M && block_k == N && prefetch_k == P && min_ctas == C) \
+    return (int)attn::launch_shape<D, M, N, P, C>(p, s);
   ATTN_TILE_SHAPES(ATTN_SHAPE_CASE)
 #undef ATTN_SHAPE_CASE
   return (int)cudaErrorInvalidValue;

@@ -46,11 +46,11 @@ def build(workdir: Path) -> ctypes.CDLL:
     return ctypes.CDLL(str(lib))
 
 
-def shapes(lib: ctypes.CDLL) -> list[tuple[int, int, int, int]]:
-    """(D, m-tiles per warp, keys per tile, prefetch K) of every shape the library holds."""
+def shapes(lib: ctypes.CDLL) -> list[tuple[int, ...]]:
+    """(D, m-tiles per warp, keys per tile, prefetch K, min CTAs per SM) of every shape the library holds."""
     out = []
     for i in range(lib.attn_shape_count()):
-        vals = [ctypes.c_int() for _ in range(4)]
+        vals = [ctypes.c_int() for _ in range(5)]
         lib.attn_shape(i, *map(ctypes.byref, vals))
         out.append(tuple(v.value for v in vals))
     return out
@@ -102,14 +102,16 @@ def main() -> int:
             sdpa_us = 0.0 if args.once else scope["kernel_us"](sdpa, refresh, args.iters, "flash")
             row = {"preset": preset, "SEQ": S, "H": H, "D": D, "causal": causal, "flops": flops,
                    "sdpa_flash_us": sdpa_us, "shapes": []}
-            for d, m_tiles, block_k, prefetch_k in (s for s in all_shapes if s[0] == D):
-                def ours(d=d, m_tiles=m_tiles, block_k=block_k, prefetch_k=prefetch_k) -> None:
-                    rc = lib.attn_run(d, m_tiles, block_k, prefetch_k, ctypes.c_void_p(q.data_ptr()),
+            for shape in (s for s in all_shapes if s[0] == D):
+                d, m_tiles, block_k, prefetch_k, min_ctas = shape
+
+                def ours(shape=shape) -> None:
+                    rc = lib.attn_run(*shape, ctypes.c_void_p(q.data_ptr()),
                                       ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
                                       ctypes.c_void_p(o.data_ptr()), S, H, causal,
                                       ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
                     if rc != 0:
-                        raise RuntimeError(f"attn_run({d}, {m_tiles}, {block_k}, {prefetch_k}) returned CUDA error {rc}")
+                        raise RuntimeError(f"attn_run{shape} returned CUDA error {rc}")
 
                 if args.once:
                     ours()
@@ -119,11 +121,11 @@ def main() -> int:
                 torch.cuda.synchronize()
                 rel = ((o.float() - ref).abs().max() / ref.abs().max()).item()
                 us = scope["kernel_us"](ours, refresh, args.iters, "flash_fwd_kernel")
-                row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "prefetch_k": prefetch_k,
+                row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "prefetch_k": prefetch_k, "min_ctas": min_ctas,
                                       "block_q": 64 * m_tiles,
                                       "rel_error": rel, "ok": rel <= workload.REL_TOLERANCE, "kernel_us": us,
                                       "vs_sdpa": sdpa_us / us, "tflops": flops / us / 1e6})
-                print(f"{preset} D{D} m{m_tiles} k{block_k} p{prefetch_k}: {us:.1f} us vs SDPA {sdpa_us:.1f} us "
+                print(f"{preset} D{D} m{m_tiles} k{block_k} p{prefetch_k} c{min_ctas}: {us:.1f} us vs SDPA {sdpa_us:.1f} us "
                       f"({sdpa_us / us:.0%}), rel err {rel:.2e}", flush=True)
             rows.append(row)
     if args.once:
@@ -137,12 +139,12 @@ def main() -> int:
     lines = [f"# The attention kernel alone at each tile shape vs torch SDPA flash ({meta['date']})", "",
              f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}. Profiler kernel time averaged over "
              f"{args.iters} iterations, fresh inputs and cold L2 before each; world size 1, one segment.", "",
-             "| preset | D | causal | m-tiles/warp | block Q x K | prefetch K | ours ms | SDPA flash ms | ours / SDPA | TFLOP/s | "
+             "| preset | D | causal | m-tiles/warp | block Q x K | prefetch K | min CTAs/SM | ours ms | SDPA flash ms | ours / SDPA | TFLOP/s | "
              "rel error |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         for s in r["shapes"]:
             lines.append(f"| {r['preset']} | {r['D']} | {r['causal']} | {s['m_tiles']} | {s['block_q']} x "
-                         f"{s['block_k']} | {s['prefetch_k']} | {s['kernel_us'] / 1000:.4f} | {r['sdpa_flash_us'] / 1000:.4f} | "
+                         f"{s['block_k']} | {s['prefetch_k']} | {s['min_ctas']} | {s['kernel_us'] / 1000:.4f} | {r['sdpa_flash_us'] / 1000:.4f} | "
                          f"{s['vs_sdpa']:.0%} | {s['tflops']:.0f} | {s['rel_error']:.1e}{'' if s['ok'] else ' FAIL'} |")
     (out / "tile_shapes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -164,6 +164,7 @@ struct TileShape {
   static constexpr int kMTiles = 1;
   static constexpr int kBlockK = D == 32 ? 128 : 64;
   static constexpr bool kPrefetchK = true;
+  static constexpr int kMinCtas = 1;  // __launch_bounds__' CTAs per SM: caps registers at 64K / (128 * kMinCtas)
 };
 
 // grid (ceil(sq / kBlockQ), heads), block 128.
@@ -172,8 +173,8 @@ struct TileShape {
 // segment, or the first of the next segment when that one needs no wait or its flag is already up - loads
 // during softmax and O += P V(j). One K and one V buffer suffice: K(j+1) is issued after every warp has read
 // K(j), V(j+1) after every warp is done with V(j).
-template <int D, int kMTiles, int kBlockK, bool kPrefetchK>
-__global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
+template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Params p) {
   static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
   constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
   constexpr int kKSteps = D / 16;  // k-steps of Q K^T
@@ -427,19 +428,19 @@ __global__ void __launch_bounds__(kThreads) flash_fwd_kernel(const Params p) {
 inline float scale_log2(int d) { return (float)(1.4426950408889634 / sqrt((double)d)); }
 
 // Enqueue one launch of a given tile shape (benchmarks compare shapes; launch() picks TileShape<D>).
-template <int D, int kMTiles, int kBlockK, bool kPrefetchK>
+template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas>
 inline cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
   if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
   constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
   const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
-  flash_fwd_kernel<D, kMTiles, kBlockK, kPrefetchK><<<grid, kThreads, 0, stream>>>(p);
+  flash_fwd_kernel<D, kMTiles, kBlockK, kPrefetchK, kMinCtas><<<grid, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <int D>
 inline cudaError_t launch_default(const Params& p, cudaStream_t stream) {
   using T = TileShape<D>;
-  return launch_shape<D, T::kMTiles, T::kBlockK, T::kPrefetchK>(p, stream);
+  return launch_shape<D, T::kMTiles, T::kBlockK, T::kPrefetchK, T::kMinCtas>(p, stream);
 }
 
 // Enqueue one attention launch on `stream`; cudaErrorInvalidValue for a head dim other than 32, 64, 128.
