@@ -2,14 +2,17 @@
 # The sample benchmarks on the device machine, several steps in ONE call, each under what is left of the call:
 #   CALL_S=570 scripts/device_samples.sh STEP [STEP ...]
 # STEP is one of
-#   attention_tiles attention_ncu attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench
+#   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench
 #   moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
-#  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_ncu: Nsight Compute's
+#  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
+#  the fastest shape per head dim written into attn::TileShape for the steps after it (reproduce the edit here with
+#  tile_shapes.py --apply-from tile_shapes.json); attention_ncu: Nsight Compute's
 #  throughput, occupancy and warp-stall sections of every D 64 shape at the non-causal paper size;
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone;
-#  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS is added to the first)
+#  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
+#  are added to them)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (the device tool returns at most 8
 # files), and prints its last lines. A step gets `--budget-s` = what is left minus a margin, so it stops starting
 # evaluations in time to write its JSON; steps that no longer fit are reported as not started.
@@ -29,6 +32,7 @@ mkdir -p "$OUT"
 command_for() {  # $1 step, $2 budget seconds, $3 step folder
   case "$1" in
     attention_tiles) echo "$PY benchmarks/attention_cp/tile_shapes.py --iters $ITERS --out $3" ;;
+    attention_tune)  echo "$PY benchmarks/attention_cp/tile_shapes.py --iters $ITERS --apply --out $3" ;;
     attention_ncu)   echo "ncu --kernel-name regex:flash_fwd_kernel --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis $PY benchmarks/attention_cp/tile_shapes.py --once --presets paper_noncausal" ;;
     attention_l2)    echo "$PY benchmarks/attention_cp/run.py --skip-bench --budget-s $2 --out $3" ;;
     attention_bench) echo "$PY benchmarks/attention_cp/run.py --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
@@ -38,7 +42,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     moe_l2)          echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-bench --budget-s $2 --out $3" ;;
     moe_bench)       echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
     moe_bench_skew5) echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --bench-presets dsv3_e32_skew5 ${SKEW5_ARGS:-} --iters $ITERS --budget-s $2 --out $3" ;;
-    moe_bench_fp8)   echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --bench-presets dsv3_e32_fp8 --iters $ITERS --budget-s $2 --out $3" ;;
+    moe_bench_fp8)   echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --bench-presets dsv3_e32_fp8 ${FP8_ARGS:-} --iters $ITERS --budget-s $2 --out $3" ;;
     kv)              echo "$PY benchmarks/kv_transfer/run.py --iters $ITERS --budget-s $2 --out $3" ;;
     gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
     timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;

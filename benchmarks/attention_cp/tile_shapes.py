@@ -11,6 +11,11 @@ without register spills) into a shared library, and for each of run.py's kernel 
   2. times every shape and SDPA flash like the other references: profiler kernel time averaged over iterations,
      fresh random inputs and a cold L2 before each, all in the same process and the same run.
 Counts: FLOPs = 4 * H * D per visible (query, key) pair. Writes tile_shapes.json (raw) and tile_shapes.md.
+
+  --apply            then write the chosen shape of each head dim into attn::TileShape (attention_kernel.cuh)
+  --apply-from JSON  only that, from an earlier run's tile_shapes.json (no GPU): the same edit, reproduced
+The choice per head dim: among the shapes correct at every preset of that D, the one whose slowest ratio to
+SDPA over those presets is highest (so a shape good for causal and bad for non-causal loses).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import ctypes
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -56,14 +62,58 @@ def shapes(lib: ctypes.CDLL) -> list[tuple[int, ...]]:
     return out
 
 
+def choose(rows: list[dict]) -> dict[int, dict]:
+    """Per head dim, the shape with the best worst-case ratio to SDPA flash over that D's presets, among the
+    shapes that were correct at all of them."""
+    by_d: dict[int, dict[tuple, list[dict]]] = {}
+    for r in rows:
+        for sh in r["shapes"]:
+            key = (sh["m_tiles"], sh["block_k"], sh["prefetch_k"], sh["min_ctas"])
+            by_d.setdefault(r["D"], {}).setdefault(key, []).append(sh)
+    n_presets = {d: sum(1 for r in rows if r["D"] == d) for d in by_d}
+    best = {}
+    for d, shapes in by_d.items():
+        ok = {k: v for k, v in shapes.items() if len(v) == n_presets[d] and all(x["ok"] for x in v)}
+        if ok:
+            key = max(ok, key=lambda k: min(x["vs_sdpa"] for x in ok[k]))
+            best[d] = {"m_tiles": key[0], "block_k": key[1], "prefetch_k": key[2], "min_ctas": key[3],
+                       "worst_vs_sdpa": min(x["vs_sdpa"] for x in ok[key])}
+    return best
+
+
+def apply(best: dict[int, dict], header: Path = SAMPLE / "attention_kernel.cuh") -> list[str]:
+    """Rewrite the `template <> struct TileShape<D> : TileConfig<...> {};` line of each chosen D."""
+    text = header.read_text()
+    changed = []
+    for d, sh in sorted(best.items()):
+        line = (f"template <> struct TileShape<{d}> : TileConfig<{sh['m_tiles']}, {sh['block_k']}, "
+                f"{'true' if sh['prefetch_k'] else 'false'}, {sh['min_ctas']}> {{}};")
+        pattern = re.compile(rf"^template <> struct TileShape<{d}> : TileConfig<[^>]*> {{}};$", re.MULTILINE)
+        if not pattern.search(text):
+            raise SystemExit(f"{header.name}: no TileShape<{d}> line of the form this script rewrites")
+        text, _ = pattern.subn(line, text)
+        changed.append(line)
+    header.write_text(text)
+    return changed
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "out"))
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--presets", default=",".join(PRESETS), help="comma list of the sample's presets")
+    ap.add_argument("--apply", action="store_true", help="write the chosen shapes into attn::TileShape")
+    ap.add_argument("--apply-from", metavar="JSON", help="only apply the choice of an earlier tile_shapes.json")
     ap.add_argument("--once", action="store_true",
                     help="run every shape once and stop (no timing, no files): for a profiler such as ncu")
     args = ap.parse_args()
+    if args.apply_from:
+        try:
+            rows = json.loads(Path(args.apply_from).read_text())["rows"]
+        except (OSError, ValueError, KeyError) as exc:
+            raise SystemExit(f"--apply-from {args.apply_from}: not a tile_shapes.json ({exc})")
+        print("\n".join(apply(choose(rows))))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -146,8 +196,14 @@ def main() -> int:
             lines.append(f"| {r['preset']} | {r['D']} | {r['causal']} | {s['m_tiles']} | {s['block_q']} x "
                          f"{s['block_k']} | {s['prefetch_k']} | {s['min_ctas']} | {s['kernel_us'] / 1000:.4f} | {r['sdpa_flash_us'] / 1000:.4f} | "
                          f"{s['vs_sdpa']:.0%} | {s['tflops']:.0f} | {s['rel_error']:.1e}{'' if s['ok'] else ' FAIL'} |")
+    best = choose(rows)
+    lines += ["", "Chosen per head dim (best worst-case ratio over its presets, correct everywhere): " + "; ".join(
+        f"D {d}: {b['m_tiles']} m-tiles, K tile {b['block_k']}, prefetch {b['prefetch_k']}, min CTAs "
+        f"{b['min_ctas']} ({b['worst_vs_sdpa']:.0%})" for d, b in sorted(best.items()))]
     (out / "tile_shapes.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.apply:
+        print("applied:\n" + "\n".join(apply(best)))
     return 0 if all(s["ok"] for r in rows for s in r["shapes"]) else 1
 
 

@@ -156,16 +156,23 @@ __device__ __forceinline__ int next_segment(const Params& p, int si, int q_last,
   return si;
 }
 
-// The CTA's tile shape for a head dim: kMTiles 16-row m-tiles per warp (kBlockQ = 4 warps x 16 x kMTiles
-// queries) and kBlockK keys per streamed tile. Two m-tiles per warp halve the shared-memory fragment traffic per
-// mma (each K / V fragment feeds both); at D 128 their accumulators would not fit in registers.
-template <int D>
-struct TileShape {
-  static constexpr int kMTiles = 1;
-  static constexpr int kBlockK = D == 32 ? 128 : 64;
-  static constexpr bool kPrefetchK = true;
-  static constexpr int kMinCtas = 1;  // __launch_bounds__' CTAs per SM: caps registers at 64K / (128 * kMinCtas)
+// A CTA's tile shape: kMTiles 16-row m-tiles per warp (kBlockQ = 4 warps x 16 x kMTiles queries; two halve the
+// shared-memory fragment reads per mma, each K / V fragment feeding both, at the cost of registers), kBlockK keys
+// per streamed tile, whether K(j+1) is prefetched during tile j, and the CTAs per SM __launch_bounds__ asks for
+// (which caps registers at 64K / (128 * kMinCtas)).
+template <int M, int N, bool P, int C>
+struct TileConfig {
+  static constexpr int kMTiles = M, kBlockK = N, kMinCtas = C;
+  static constexpr bool kPrefetchK = P;
 };
+
+// The shape the sources use per head dim: the fastest of benchmarks/attention_cp/tile_shapes.cu's shapes on one
+// H200 (tile_shapes.py measures them against SDPA flash and writes these lines with --apply).
+template <int D>
+struct TileShape;
+template <> struct TileShape<32> : TileConfig<1, 128, true, 1> {};
+template <> struct TileShape<64> : TileConfig<1, 64, true, 1> {};
+template <> struct TileShape<128> : TileConfig<1, 64, true, 1> {};
 
 // grid (ceil(sq / kBlockQ), heads), block 128.
 //

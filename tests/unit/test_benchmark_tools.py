@@ -108,3 +108,31 @@ def test_only_keeps_the_matching_seeds_and_variants() -> None:
         assert [common.short(kv) for kv, _ in bench.variants] == ["Overlapped/ChunkFlags/Cta/InKernel/4"]
     finally:
         bench.close()
+
+
+def _shape(m: int, k: int, p: int, c: int, ratio: float, ok: bool = True) -> dict:
+    return {"m_tiles": m, "block_k": k, "prefetch_k": p, "min_ctas": c, "vs_sdpa": ratio, "ok": ok}
+
+
+@pytest.mark.timeout(60)
+def test_tile_shapes_chooses_the_best_worst_case_correct_shape_and_rewrites_only_its_line(tmp_path: Path) -> None:
+    ts = _load("tile_shapes_under_test", ROOT / "benchmarks" / "attention_cp" / "tile_shapes.py")
+    rows = [  # D 64 at two presets: (1,64,1,1) is best causal but worst non-causal; (2,64,0,1) is wrong once
+        {"D": 64, "shapes": [_shape(1, 64, 1, 1, 0.70), _shape(1, 128, 0, 4, 0.62), _shape(2, 64, 0, 1, 0.9)]},
+        {"D": 64, "shapes": [_shape(1, 64, 1, 1, 0.55), _shape(1, 128, 0, 4, 0.61),
+                             _shape(2, 64, 0, 1, 0.9, ok=False)]},
+        {"D": 128, "shapes": [_shape(1, 64, 0, 1, 0.66)]},
+    ]
+    best = ts.choose(rows)
+    assert (best[64]["block_k"], best[64]["prefetch_k"], best[64]["min_ctas"]) == (128, 0, 4)
+    assert best[64]["worst_vs_sdpa"] == pytest.approx(0.61)
+    header = tmp_path / "attention_kernel.cuh"
+    original = (ROOT / "sample_kernels" / "attention_cp" / "attention_kernel.cuh").read_text()
+    header.write_text(original)
+    ts.apply(best, header)
+    text = header.read_text()
+    assert "template <> struct TileShape<64> : TileConfig<1, 128, false, 4> {};" in text
+    assert "template <> struct TileShape<128> : TileConfig<1, 64, false, 1> {};" in text
+    line32 = next(x for x in original.splitlines() if x.startswith("template <> struct TileShape<32>"))
+    assert line32 in text  # D 32 was not measured: untouched
+    assert len(text.splitlines()) == len(original.splitlines())
