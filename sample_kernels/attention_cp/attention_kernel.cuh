@@ -10,10 +10,10 @@
 // Softmax scale 1/sqrt(D); causal masking compares GLOBAL positions (key > query is masked), so a rank's
 // sequence offset is respected whatever block of the sequence a segment is.
 //
-// Online softmax (flash attention 2): each CTA owns 64 queries of one head (4 warps x 16 rows), keeps its Q
-// fragments in registers, streams K/V in tiles of 64 keys through shared memory (cp.async, the V load overlaps
-// the Q K^T product) and keeps per-row running max m, running sum l and the unnormalised output O in
-// registers. The segments ARE the log-sum-exp merge: moving from one segment to the next just continues the
+// Online softmax (flash attention 2): each CTA owns 64 or 128 queries of one head (4 warps x 16 or 32 rows, see
+// TileShape), keeps its Q fragments in registers, streams K/V in tiles of keys through shared memory (cp.async;
+// V(j) loads during Q K(j)^T, K(j+1) during the softmax and P V(j)) and keeps per-row running max m, running sum
+// l and the unnormalised output O in registers. The segments ARE the log-sum-exp merge: moving from one segment to the next just continues the
 // online softmax. Across kernel launches the same state can be stored to / loaded from an fp32 workspace
 // (store_state / load_state), which is the LSE merge of partial results computed by separate launches
 // (O = O1 * 2^(m1 - m) + O2 * 2^(m2 - m), l likewise; m is kept in log2 units).
