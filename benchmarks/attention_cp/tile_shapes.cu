@@ -44,8 +44,8 @@ extern "C" int attn_shape(int i, int* d, int* m_tiles, int* block_k, int* prefet
 }
 
 // Enqueue the kernel of one shape on `stream`; a cudaError_t (cudaErrorInvalidValue for a shape not built).
-extern "C" int attn_run(int d, int m_tiles, int block_k, int prefetch_k, int min_ctas, const void* q, const void* k, const void* v, void* o,
-                        int seq, int heads, int causal, void* stream) {
+extern "C" int attn_run(int d, int m_tiles, int block_k, int prefetch_k, int min_ctas, const void* q, const void* k,
+                        const void* v, void* o, int seq, int heads, int causal, void* stream) {
   attn::Params p{};
   p.q = (const __nv_bfloat16*)q;
   p.o = (__nv_bfloat16*)o;

@@ -97,6 +97,25 @@ def apply(best: dict[int, dict], header: Path = SAMPLE / "attention_kernel.cuh")
     return changed
 
 
+def report(meta: dict, rows: list[dict]) -> str:
+    """The markdown table of a run (tile_shapes.md), with the shape chosen per head dim."""
+    lines = [f"# The attention kernel alone at each tile shape vs torch SDPA flash ({meta['date']})", "",
+             f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}. Profiler kernel time averaged over "
+             f"{meta['iters']} iterations, fresh inputs and cold L2 before each; world size 1, one segment.", "",
+             "| preset | D | causal | m-tiles/warp | block Q x K | prefetch K | min CTAs/SM | ours ms | SDPA flash ms "
+             "| ours / SDPA | TFLOP/s | rel error |", "|" + "---|" * 12]
+    for r in rows:
+        for s in r["shapes"]:
+            lines.append(f"| {r['preset']} | {r['D']} | {r['causal']} | {s['m_tiles']} | {s['block_q']} x "
+                         f"{s['block_k']} | {s['prefetch_k']} | {s['min_ctas']} | {s['kernel_us'] / 1000:.4f} | "
+                         f"{r['sdpa_flash_us'] / 1000:.4f} | {s['vs_sdpa']:.0%} | {s['tflops']:.0f} | "
+                         f"{s['rel_error']:.1e}{'' if s['ok'] else ' FAIL'} |")
+    lines += ["", "Chosen per head dim (best worst-case ratio over its presets, correct everywhere): " + "; ".join(
+        f"D {d}: {b['m_tiles']} m-tiles, K tile {b['block_k']}, prefetch {b['prefetch_k']}, min CTAs "
+        f"{b['min_ctas']} ({b['worst_vs_sdpa']:.0%})" for d, b in sorted(choose(rows).items()))]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "out"))
@@ -171,12 +190,13 @@ def main() -> int:
                 torch.cuda.synchronize()
                 rel = ((o.float() - ref).abs().max() / ref.abs().max()).item()
                 us = scope["kernel_us"](ours, refresh, args.iters, "flash_fwd_kernel")
-                row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "prefetch_k": prefetch_k, "min_ctas": min_ctas,
+                row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "prefetch_k": prefetch_k,
+                                      "min_ctas": min_ctas,
                                       "block_q": 64 * m_tiles,
                                       "rel_error": rel, "ok": rel <= workload.REL_TOLERANCE, "kernel_us": us,
                                       "vs_sdpa": sdpa_us / us, "tflops": flops / us / 1e6})
-                print(f"{preset} D{D} m{m_tiles} k{block_k} p{prefetch_k} c{min_ctas}: {us:.1f} us vs SDPA {sdpa_us:.1f} us "
-                      f"({sdpa_us / us:.0%}), rel err {rel:.2e}", flush=True)
+                print(f"{preset} D{D} m{m_tiles} k{block_k} p{prefetch_k} c{min_ctas}: {us:.1f} us vs SDPA "
+                      f"{sdpa_us:.1f} us ({sdpa_us / us:.0%}), rel err {rel:.2e}", flush=True)
             rows.append(row)
     if args.once:
         torch.cuda.synchronize()
@@ -186,24 +206,11 @@ def main() -> int:
     meta = {"date": dt.date.today().isoformat(), "gpu": gpu.get("name"), "driver": gpu.get("driver_version"),
             "torch": torch.__version__, "iters": args.iters}
     (out / "tile_shapes.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    lines = [f"# The attention kernel alone at each tile shape vs torch SDPA flash ({meta['date']})", "",
-             f"GPU {meta['gpu']}, driver {meta['driver']}, torch {meta['torch']}. Profiler kernel time averaged over "
-             f"{args.iters} iterations, fresh inputs and cold L2 before each; world size 1, one segment.", "",
-             "| preset | D | causal | m-tiles/warp | block Q x K | prefetch K | min CTAs/SM | ours ms | SDPA flash ms | ours / SDPA | TFLOP/s | "
-             "rel error |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        for s in r["shapes"]:
-            lines.append(f"| {r['preset']} | {r['D']} | {r['causal']} | {s['m_tiles']} | {s['block_q']} x "
-                         f"{s['block_k']} | {s['prefetch_k']} | {s['min_ctas']} | {s['kernel_us'] / 1000:.4f} | {r['sdpa_flash_us'] / 1000:.4f} | "
-                         f"{s['vs_sdpa']:.0%} | {s['tflops']:.0f} | {s['rel_error']:.1e}{'' if s['ok'] else ' FAIL'} |")
-    best = choose(rows)
-    lines += ["", "Chosen per head dim (best worst-case ratio over its presets, correct everywhere): " + "; ".join(
-        f"D {d}: {b['m_tiles']} m-tiles, K tile {b['block_k']}, prefetch {b['prefetch_k']}, min CTAs "
-        f"{b['min_ctas']} ({b['worst_vs_sdpa']:.0%})" for d, b in sorted(best.items()))]
-    (out / "tile_shapes.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = report(meta, rows)
+    (out / "tile_shapes.md").write_text(text)
+    print(text)
     if args.apply:
-        print("applied:\n" + "\n".join(apply(best)))
+        print("applied:\n" + "\n".join(apply(choose(rows))))
     return 0 if all(s["ok"] for r in rows for s in r["shapes"]) else 1
 
 

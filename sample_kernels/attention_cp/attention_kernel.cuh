@@ -12,22 +12,23 @@
 //
 // Online softmax (flash attention 2): each CTA owns 64 or 128 queries of one head (4 warps x 16 or 32 rows, see
 // TileShape), keeps its Q fragments in registers, streams K/V in tiles of keys through shared memory (cp.async;
-// V(j) loads during Q K(j)^T, K(j+1) during the softmax and P V(j)) and keeps per-row running max m, running sum
-// l and the unnormalised output O in registers. The segments ARE the log-sum-exp merge: moving from one segment to the next just continues the
-// online softmax. Across kernel launches the same state can be stored to / loaded from an fp32 workspace
-// (store_state / load_state), which is the LSE merge of partial results computed by separate launches
-// (O = O1 * 2^(m1 - m) + O2 * 2^(m2 - m), l likewise; m is kept in log2 units).
+// V(j) loads during Q K(j)^T and, with kPrefetchK, K(j+1) during the softmax and P V(j)) and keeps per-row
+// running max m, running sum l and the unnormalised output O in registers. The segments ARE the log-sum-exp
+// merge: moving from one segment to the next just continues the online softmax. Across kernel launches the same
+// state can be stored to / loaded from an fp32 workspace (store_state / load_state), which is the LSE merge of
+// partial results computed by separate launches (O = O1 * 2^(m1 - m) + O2 * 2^(m2 - m), l likewise; m is kept in
+// log2 units).
 //
-// Tensor cores: mma.sync.m16n8k16 bf16 x bf16 -> fp32 (inline PTX). S = Q K^T per warp is 16 x 64 (8 n-tiles,
-// D/16 k-steps); P is rounded to bf16 and reused in registers as the A operand of P V (the accumulator layout
-// of two neighbouring n-tiles is the A-fragment layout of one k-step), as in FlashAttention 2. K and V
-// fragments come from shared memory with ldmatrix (V with .trans), rows padded by 16 bytes so the eight row
-// addresses of each 8x8 matrix hit distinct banks.
+// Tensor cores: mma.sync.m16n8k16 bf16 x bf16 -> fp32 (inline PTX). S = Q K^T per m-tile is 16 x kBlockK
+// (n-tiles of 8, D/16 k-steps); P is rounded to bf16 and reused in registers as the A operand of P V (the
+// accumulator layout of two neighbouring n-tiles is the A-fragment layout of one k-step), as in FlashAttention 2.
+// K and V fragments come from shared memory with ldmatrix (V with .trans), rows padded by 16 bytes so the eight
+// row addresses of each 8x8 matrix hit distinct banks.
 //
 // Waiting on arrival (device-initiated variants): a segment may carry a flag; before the first tile of that
-// segment, thread 0 spins until *flag >= epoch (ld.acquire.sys) and the CTA's barrier hands the acquired
-// view to every thread. Segments a CTA skips entirely (causal: all keys after its last query) are never
-// waited for.
+// segment (unless kPrefetchK already found the flag up), thread 0 spins until *flag >= epoch (ld.acquire.sys)
+// and the CTA's barrier hands the acquired view to every thread. Segments a CTA skips entirely (causal: all keys
+// after its last query) are never waited for.
 #ifndef ATTENTION_KERNEL_CUH_
 #define ATTENTION_KERNEL_CUH_
 
@@ -170,9 +171,9 @@ struct TileConfig {
 // H200 (tile_shapes.py measures them against SDPA flash and writes these lines with --apply).
 template <int D>
 struct TileShape;
-template <> struct TileShape<32> : TileConfig<1, 128, true, 1> {};
-template <> struct TileShape<64> : TileConfig<1, 64, true, 1> {};
-template <> struct TileShape<128> : TileConfig<1, 64, true, 1> {};
+template <> struct TileShape<32> : TileConfig<1, 128, false, 1> {};
+template <> struct TileShape<64> : TileConfig<2, 64, false, 1> {};
+template <> struct TileShape<128> : TileConfig<1, 64, false, 1> {};
 
 // grid (ceil(sq / kBlockQ), heads), block 128.
 //
@@ -418,7 +419,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
       }
 #pragma unroll
       for (int nd = 0; nd < kDTiles; ++nd)
-        *reinterpret_cast<float2*>(p.ws_o + row * D + nd * 8 + t * 2) = make_float2(orow_acc[nd][c], orow_acc[nd][c + 1]);
+        *reinterpret_cast<float2*>(p.ws_o + row * D + nd * 8 + t * 2) =
+            make_float2(orow_acc[nd][c], orow_acc[nd][c + 1]);
     }
     if (p.write_out) {
       const float inv = 1.f / l_full;  // l_full == 0 (no key at all) writes inf/NaN: verification fails loudly
