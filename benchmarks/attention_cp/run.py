@@ -92,7 +92,9 @@ def make_table(b: SampleBench, refs: dict) -> str:
                 why = ref.get("error") or (row or {}).get("reason") or "no profiled row"
                 lines.append(f"| {preset} | {p['SEQ']} | {p['H']} | {p['D']} | {p['CAUSAL']} | - | - | not "
                              f"measured: {str(why)[:80]} | - |")
-        lines.append("")
+        lines += ["", "These rows time the kernel of the tree their run names (see Runs). The kernel at every tile shape, "
+                  "the current attn::TileShape defaults included, against SDPA flash on the same inputs: "
+                  "TILE_SHAPES.md (tile_shapes.py).", ""]
     for preset in BENCH_PRESETS:
         for world in (1, 4):
             lines += bench_table(b.rows, preset, world)
