@@ -177,10 +177,11 @@ template <> struct TileShape<128> : TileConfig<1, 64, false, 1> {};
 
 // grid (ceil(sq / kBlockQ), heads), block 128.
 //
-// Pipeline per key tile j (FlashAttention 2's): V(j) loads during S = Q K(j)^T; K(j+1) - the next tile of this
-// segment, or the first of the next segment when that one needs no wait or its flag is already up - loads
-// during softmax and O += P V(j). One K and one V buffer suffice: K(j+1) is issued after every warp has read
-// K(j), V(j+1) after every warp is done with V(j).
+// Pipeline per key tile j: V(j) loads during S = Q K(j)^T. With kPrefetchK (FlashAttention 2's order), K(j+1) -
+// the next tile of this segment, or the first of the next segment when that one needs no wait or its flag is
+// already up - also loads during the softmax and O += P V(j); one K and one V buffer still suffice, since K(j+1)
+// is issued after every warp has read K(j). On an H200 that was slower at every shape tile_shapes.py compares
+// (it costs a barrier per tile), so the defaults load K(j) at the top of tile j.
 template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Params p) {
   static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
