@@ -10,7 +10,8 @@ without register spills) into a shared library, and for each of run.py's kernel 
      (max |error| / max |reference| within the workload's REL_TOLERANCE, as L2 does);
   2. times every shape and SDPA flash like the other references: profiler kernel time averaged over iterations,
      fresh random inputs and a cold L2 before each, all in the same process and the same run.
-Counts: FLOPs = 4 * H * D per visible (query, key) pair. Writes tile_shapes.json (raw) and tile_shapes.md.
+Counts: FLOPs = 4 * H * D per visible (query, key) pair. Writes tile_shapes.json (raw) and tile_shapes.md into
+--out; benchmarks/attention_cp/ keeps the run the defaults come from (tile_shapes.json, TILE_SHAPES.md).
 
   --apply            then write the chosen shape of each head dim into attn::TileShape (attention_kernel.cuh)
   --apply-from JSON  only that, from an earlier run's tile_shapes.json (no GPU): the same edit, reproduced
@@ -72,8 +73,8 @@ def choose(rows: list[dict]) -> dict[int, dict]:
             by_d.setdefault(r["D"], {}).setdefault(key, []).append(sh)
     n_presets = {d: sum(1 for r in rows if r["D"] == d) for d in by_d}
     best = {}
-    for d, shapes in by_d.items():
-        ok = {k: v for k, v in shapes.items() if len(v) == n_presets[d] and all(x["ok"] for x in v)}
+    for d, per_shape in by_d.items():
+        ok = {k: v for k, v in per_shape.items() if len(v) == n_presets[d] and all(x["ok"] for x in v)}
         if ok:
             key = max(ok, key=lambda k: min(x["vs_sdpa"] for x in ok[k]))
             best[d] = {"m_tiles": key[0], "block_k": key[1], "prefetch_k": key[2], "min_ctas": key[3],
