@@ -2,11 +2,12 @@
 
   python3 benchmarks/merge_runs.py SAMPLE RUN.json[=NOTE] [RUN.json[=NOTE] ...]
 
-A RUN.json may itself be an earlier merge (a sample's results.json, copied aside first since it is rewritten): its
-runs, notes and superseded rows carry over. One device call rarely holds a whole sample (30 minutes of device time per session, 10 per call), so the rows come
+One device call rarely holds a whole sample (30 minutes of device time per session, 10 per call), so the rows come
 from several runs. Later runs supersede earlier rows of the same (phase, name, world, preset): the superseded
 rows stay in the JSON under "superseded", with the note of the run that replaced them, and the table lists them,
-so a failure fixed later is never silently dropped. The table is the sample's own `make_table`.
+so a failure fixed later is never silently dropped. The table is the sample's own `make_table`. A RUN.json may
+itself be an earlier merge (a sample's results.json, copied aside first since it is rewritten): its runs, notes
+and superseded rows carry over.
 """
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     moe_bench_skew5) echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --bench-presets dsv3_e32_skew5 ${SKEW5_ARGS:-} --iters $ITERS --budget-s $2 --out $3" ;;
     moe_bench_fp8)   echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --bench-presets dsv3_e32_fp8 ${FP8_ARGS:-} --iters $ITERS --budget-s $2 --out $3" ;;
     kv)              echo "$PY benchmarks/kv_transfer/run.py --iters $ITERS --budget-s $2 --out $3" ;;
-    gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
+    gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --bench-presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
     timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     *)               return 1 ;;

@@ -55,21 +55,25 @@ def main() -> int:
     args = base_args(__doc__.splitlines()[0], Path(__file__).parent / "out").parse_args()
     b = SampleBench(SAMPLE, args)
     full = not args.smoke and not args.skip_bench
+    labels = b.bench_labels(dict.fromkeys(BENCH_PRESETS + KERNEL_PRESETS))
+    bench = [p for p in BENCH_PRESETS if p in labels]
+    kernel = [p for p in KERNEL_PRESETS if p in labels]
     try:
         b.prebuild()
         if not args.skip_l2:
             b.l2(L2_PRESETS)
         if full:
-            for preset in BENCH_PRESETS:
+            for preset in bench:
                 for world in (w for w in (1, 4) if w in b.worlds):
                     b.bench(preset, world)
             if 1 in b.worlds:
-                for preset in KERNEL_PRESETS:
-                    b.run("seed_nccl.cu", (b.wl_dir / "seed_nccl.cu").read_text(), 1, preset, "kernel", iters=args.iters,
-                          measure_seed=False, timeline=True)
+                seed = (b.wl_dir / "seed_nccl.cu").read_text()  # even when --only left it out of b.seeds
+                for preset in kernel:
+                    b.run("seed_nccl.cu", seed, 1, preset, "kernel", iters=args.iters, measure_seed=False,
+                          timeline=True)
     finally:
         b.close()
-    refs = {p: torch_child(TORCH_SDPA, json.dumps(b.wl.size_presets[p]), args.iters) for p in KERNEL_PRESETS} \
+    refs = {p: torch_child(TORCH_SDPA, json.dumps(b.wl.size_presets[p]), args.iters) for p in kernel} \
         if full and 1 in b.worlds else {}
     return b.finish({"torch_sdpa_flash": refs}, make_table(b, refs))
 
@@ -92,8 +96,8 @@ def make_table(b: SampleBench, refs: dict) -> str:
                 why = ref.get("error") or (row or {}).get("reason") or "no profiled row"
                 lines.append(f"| {preset} | {p['SEQ']} | {p['H']} | {p['D']} | {p['CAUSAL']} | - | - | not "
                              f"measured: {str(why)[:80]} | - |")
-        lines += ["", "These rows time the kernel of the tree their run names (see Runs). The kernel at every tile shape, "
-                  "the current attn::TileShape defaults included, against SDPA flash on the same inputs: "
+        lines += ["", "These rows time the kernel of the tree their run names (see Runs). The kernel at every tile "
+                  "shape, the current attn::TileShape defaults included, against SDPA flash on the same inputs: "
                   "TILE_SHAPES.md (tile_shapes.py).", ""]
     for preset in BENCH_PRESETS:
         for world in (1, 4):

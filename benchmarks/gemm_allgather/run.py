@@ -1,6 +1,6 @@
 """GEMM + AllGather on one GPU machine, in one call: L2 of every seed and knob value, then the benchmark table.
 
-  PYTHONPATH=. python3 benchmarks/gemm_allgather/run.py --out DIR [--presets 4096,8192] [--smoke] [--budget-s 480]
+  PYTHONPATH=. python3 benchmarks/gemm_allgather/run.py --out DIR [--bench-presets 4096,8192] [--smoke] [--budget-s 480]
 
 1. L2 (4 fresh-input trials) at the small preset, world size 1 (nccl) and 2 and 4 ranks (symm + compat): both
    seeds and a covering set of device_lsa.cu variants (every (placement, sync, issuer) combination, the chunk
@@ -24,6 +24,7 @@ from common import (TIMING_PRELUDE, SampleBench, base_args, bench_table, header,
 
 SAMPLE = "gemm_allgather"
 L2_PRESETS = ("small",)
+BENCH_PRESETS = ("4096", "8192")  # M=N=K
 # The world-1 compute bound under the same harness (same cublasGemmEx call, none of the co-design machinery).
 CUBLAS_ALONE_NAME = "cublas_alone.cu"
 CUBLAS_ALONE = (Path(__file__).parent / CUBLAS_ALONE_NAME).read_text()
@@ -41,11 +42,9 @@ print(json.dumps({"median_ms": time_it(lambda: torch.matmul(x, w), refresh, iter
 
 
 def main() -> int:
-    ap = base_args(__doc__.splitlines()[0], Path(__file__).parent / "out")
-    ap.add_argument("--presets", default="4096,8192", help="benchmark presets (M=N=K)")
-    args = ap.parse_args()
+    args = base_args(__doc__.splitlines()[0], Path(__file__).parent / "out").parse_args()
     b = SampleBench(SAMPLE, args)
-    presets = [p for p in args.presets.split(",") if p]
+    presets = b.bench_labels(BENCH_PRESETS)
     bench = not args.smoke and not args.skip_bench
     worlds = [w for w in (1, 4) if w in b.worlds]
     try:

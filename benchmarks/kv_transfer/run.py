@@ -50,17 +50,18 @@ def main() -> int:
     args = ap.parse_args()
     b = SampleBench(SAMPLE, args)
     full = not args.smoke and not args.skip_bench
+    bench = b.bench_labels(BENCH_PRESETS)
     try:
         b.prebuild()
         if not args.skip_l2:
             b.l2(L2_PRESETS)
         if full:
-            for preset in BENCH_PRESETS:
+            for preset in bench:
                 for world in (w for w in (1, 2) if w in b.worlds):
                     b.bench(preset, world, timeline=(world == 1))
     finally:
         b.close()
-    refs = {p: torch_child(TORCH_LAYERS, json.dumps(b.wl.size_presets[p]), args.iters) for p in BENCH_PRESETS} \
+    refs = {p: torch_child(TORCH_LAYERS, json.dumps(b.wl.size_presets[p]), args.iters) for p in bench} \
         if full else {}
     return b.finish({"torch_layer_gemms": refs}, make_table(b, refs))
 

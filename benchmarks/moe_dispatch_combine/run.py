@@ -4,11 +4,11 @@ the benchmark table and the expert-compute check.
   PYTHONPATH=. python3 benchmarks/moe_dispatch_combine/run.py --out DIR [--smoke] [--budget-s 480]
 
 1. L2 (4 fresh-input trials) at the small preset, uniform routing and 5:1 skew, bf16 and block-scaled e4m3
-   dispatch (FP8=1), world size 1 (nccl) and 2 and 4 ranks (symm + compat): both seeds and a covering set of device_lsa.cu variants (every enum combination, the
-   integer knobs cycling, so every value of every knob runs).
+   dispatch (FP8=1), world size 1 (nccl) and 2 and 4 ranks (symm + compat): both seeds and a covering set of
+   device_lsa.cu variants (every enum combination, the integer knobs cycling, so every value of every knob runs).
 2. Benchmark at DeepSeek-V3 expert shapes with 32 experts (dsv3_e32: T 4096, H 7168, I 2048, top-8), uniform and
-   5:1 skew, and uniform with 8-bit dispatch, world size 1 (nccl) and 4 ranks (symm). The time is the slowest rank's (the harness's), never a
-   token-weighted mean: under skew the hot experts' rank sets it.
+   5:1 skew, and uniform with 8-bit dispatch, world size 1 (nccl) and 4 ranks (symm). The time is the slowest
+   rank's (the harness's), never a token-weighted mean: under skew the hot experts' rank sets it.
 3. Expert compute alone: the summed duration of the cuBLAS kernels in one profiled iteration of the world-1 run
    (the nccl seed and every variant: the same GEMMs) against torch's bf16 expert GEMMs on the SAME per-expert
    row counts (one routing draw of the workload's own generator), as the better of torch._grouped_mm and one
@@ -71,7 +71,8 @@ print(json.dumps(out))
 def main() -> int:
     args = base_args(__doc__.splitlines()[0], Path(__file__).parent / "out").parse_args()
     b = SampleBench(SAMPLE, args)
-    bench = [x for x in BENCH if x[2] in b.bench_labels(x[2] for x in BENCH)]
+    labels = b.bench_labels(label for _, _, label in BENCH)
+    bench = [x for x in BENCH if x[2] in labels]
     try:
         b.prebuild()
         if not args.skip_l2:
