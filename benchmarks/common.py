@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 from cuco_kit import blocks  # noqa: E402
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.cascade import EvaluatorConfig, GpuEvaluator, detect_gpu  # noqa: E402
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
+from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu  # noqa: E402
 from cuco_kit.workload import load_workload  # noqa: E402
 
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 L2_TRIALS = 4  # fresh-input trials per L2 check
 WORLD_BACKEND = {1: "nccl", 2: "symm", 4: "symm"}  # one GPU: NCCL at world size 1, shared-GPU ranks beyond
 # cuBLAS's kernels on Hopper: nvjet_* (cuBLAS 12.8+), sm90_xmma_gemm_*, cutlass_*; torch's matmul uses the same
@@ -242,7 +242,7 @@ def matching_us(row: Mapping[str, Any], pattern: re.Pattern[str]) -> float | Non
 def torch_child(code: str, *args: Any, timeout_s: float = 300.0) -> dict[str, Any]:
     """Run a reference timing script in a child process (the benchmark process never touches CUDA, the rank
     workers own the GPU) and return the JSON its last line prints, or {"error": ...}."""
-    env = dict(os.environ, **NO_MULTICAST)
+    env = dict(os.environ, **MULTICAST_OFF)
     try:
         p = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
                            timeout=timeout_s, env=env)

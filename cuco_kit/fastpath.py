@@ -31,6 +31,7 @@ from cuco_kit import blocks as blk
 from cuco_kit import fastpath_steps as steps
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
+from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.fastpath_steps import L0Check, SanitizerReport
 
 BACKENDS = ("lsa", "gin")
@@ -185,19 +186,6 @@ def _raw_prompt(name: str) -> str:
     from cuco_kit.prompts import load
 
     return load(name)
-
-
-def gpu_present() -> bool:
-    """nvidia-smi lists at least one GPU (no CUDA context is created)."""
-    import shutil
-
-    if shutil.which("nvidia-smi") is None:
-        return False  # and the cascade (which imports torch) is not loaded for nothing
-    try:
-        from cuco_kit.evaluate.cascade import detect_gpu
-    except ImportError:
-        return False
-    return bool(detect_gpu())
 
 
 def sanitize(evaluator: Any, request: EvalRequest, so_path: str | Path | None = None, *,
@@ -821,7 +809,7 @@ def cli_fastpath(args: argparse.Namespace) -> int:
     evaluator = None
     gpu = gpu_present()
     if workload is not None and gpu:
-        from cuco_kit.evaluate.cascade import GpuEvaluator
+        from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 
         evaluator = GpuEvaluator()
     store = None
@@ -853,5 +841,5 @@ def cli_fastpath(args: argparse.Namespace) -> int:
 
 __all__: Iterable[str] = [
     "Attempt", "BACKENDS", "FastPath", "FastPathConfig", "FastPathResult", "GIN_UNAVAILABLE", "LLM_HINT",
-    "NO_GPU", "StageOutcome", "check_llm_reachable", "cli_fastpath", "gpu_present", "sanitize",
+    "NO_GPU", "StageOutcome", "check_llm_reachable", "cli_fastpath", "sanitize",
 ]

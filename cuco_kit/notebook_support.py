@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from cuco_kit.errors import BadInput, CucoError
+from cuco_kit.evaluate.device import describe_gpus
 
 SMOKE_ENV = "CUCO_SMOKE"
 BROWSER_ENV = "CUCO_BROWSER_TEST"
@@ -220,22 +221,6 @@ class EvaluatorChoice:
             close()
 
 
-def _gpu_present() -> tuple[bool, str]:
-    """(present, description) from nvidia-smi via the GPU evaluator's detection; no CUDA context is created."""
-    try:
-        from cuco_kit.evaluate.cascade import detect_gpu
-    except ImportError:
-        return False, ""
-    try:
-        gpus = detect_gpu()
-    except Exception:  # noqa: BLE001 -- a broken driver means "no usable GPU", said in the message
-        return False, ""
-    if not gpus:
-        return False, ""
-    names = sorted({str(g.get("name") or "GPU") for g in gpus})
-    return True, f"{len(gpus)} x {', '.join(names)}"
-
-
 def simulated_evaluator(seed: int = 0, **kwargs: Any) -> EvaluatorChoice:
     from cuco_kit.evaluate.simulated import SimulatedEvaluator
 
@@ -253,9 +238,9 @@ def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoi
     if want not in (None, "gpu", "replay", "simulated"):
         raise BadInput(f"evaluator {want!r}: use gpu, replay or simulated")
     if want in (None, "gpu") and (want == "gpu" or not smoke()):
-        present, name = _gpu_present()
-        if present:
-            from cuco_kit.evaluate.cascade import GpuEvaluator
+        name = describe_gpus()
+        if name:
+            from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 
             return EvaluatorChoice(GpuEvaluator(), "gpu", "real", f"real measurements on this machine's {name}")
         if want == "gpu":

@@ -4,7 +4,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.cascade import GpuEvaluator  # noqa: E402
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ev = GpuEvaluator()

@@ -8,7 +8,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+set -a; . cuco_kit/evaluate/multicast_off.env; set +a  # multicast off (the kit's one list)
 PY=${PYTHON:-python3}
 OUT=${OUT:-benchmarks/harness/out}
 mkdir -p "$OUT"

@@ -15,7 +15,10 @@ import textwrap
 import time
 from pathlib import Path
 
-SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+# The kit's one multicast-off environment, read from its KEY=VALUE file (this probe imports nothing of the kit).
+SAFE_ENV = dict(line.split("=", 1) for line in
+                (Path(__file__).resolve().parents[1] / "cuco_kit/evaluate/multicast_off.env").read_text().splitlines()
+                if line.strip() and not line.startswith("#"))
 os.environ.update(SAFE_ENV)
 facts: dict[str, object] = {}
 

@@ -15,7 +15,7 @@ fi
 
 export PATH="$PWD/.venv/bin:$PATH"
 # Multicast stays off for anything these tests start on a GPU machine.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+set -a; . cuco_kit/evaluate/multicast_off.env; set +a  # multicast off (the kit's one list)
 mkdir -p test-artifacts
 
 # tier:budget-seconds:per-test-timeout

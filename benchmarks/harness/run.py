@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
 from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
-from cuco_kit.evaluate.cascade import EvaluatorConfig, GpuEvaluator, detect_gpu  # noqa: E402
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
+from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
 from cuco_kit.evaluate.mps import mps_daemon_pids  # noqa: E402
 
 WL = ROOT / "sample_kernels" / "allgather"

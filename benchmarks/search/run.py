@@ -43,8 +43,9 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 os.chdir(ROOT)  # stores record the workload as a repo-relative path, not this machine's
-for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[_k] = _v  # every child inherits multicast off (the launcher sets them too)
+from cuco_kit.evaluate.device import MULTICAST_OFF  # noqa: E402 -- after the sys.path insert
+
+os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 # Optuna 5 deprecates constraints_func (still honoured); once per ask it would drown the log.
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
 
@@ -484,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         cache_dir = Path(tempfile.mkdtemp(prefix="cuco-search-dry-cache-"))
         build_cfg = None
     else:
-        from cuco_kit.evaluate.cascade import EvaluatorConfig, GpuEvaluator, detect_gpu
+        from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+        from cuco_kit.evaluate.device import detect_gpu
 
         if not detect_gpu():
             print("no GPU (nvidia-smi lists none): use --dry-run on a CPU machine")

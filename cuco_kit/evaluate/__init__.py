@@ -5,8 +5,8 @@ __all__ = ["EvalRequest", "EvalResult", "Evaluator", "LEVELS", "Progress", "GpuE
            "detect_gpu"]
 
 
-_LAZY = {"GpuEvaluator": "cuco_kit.evaluate.cascade", "EvaluatorConfig": "cuco_kit.evaluate.cascade",
-         "detect_gpu": "cuco_kit.evaluate.cascade"}
+_LAZY = {"GpuEvaluator": "cuco_kit.evaluate.gpu_evaluator", "EvaluatorConfig": "cuco_kit.evaluate.gpu_evaluator",
+         "detect_gpu": "cuco_kit.evaluate.device"}
 
 
 def __getattr__(name: str):  # the GPU evaluator imports torch: only when asked for

@@ -49,7 +49,7 @@ def _levels_run(res: Any) -> tuple[list[str], list[str]]:
 
 def cli_eval(args: argparse.Namespace) -> int:
     from cuco_kit.evaluate.api import EvalRequest
-    from cuco_kit.evaluate.cascade import GpuEvaluator
+    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
     from cuco_kit.workload import load_workload, parse_overrides
 
     code = _read(args.candidate, "candidate")

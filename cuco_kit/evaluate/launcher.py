@@ -24,7 +24,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from cuco_kit.evaluate.device import MULTICAST_OFF
+
 
 # The secret rule: a variable is dropped when its upper-cased name
 #   - is one of the exact names below, or

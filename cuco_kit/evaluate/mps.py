@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cuco_kit.evaluate.device import MULTICAST_OFF
+
 CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 CANARY = "import torch; x = torch.ones(1, device='cuda'); torch.cuda.synchronize(); print(float(x.sum()))"
@@ -126,7 +128,7 @@ class MpsDaemon:
         """Open a CUDA context in a child under the current MPS settings; (ok, output)."""
         env = dict(os.environ)
         env.update(self.state.rank_env(0, 1, 100) if self.state.active else {})
-        env.update({"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"})
+        env.update(MULTICAST_OFF)
         try:
             p = subprocess.run([self.python, "-c", CANARY], capture_output=True, text=True, env=env,
                                timeout=self.canary_timeout_s, start_new_session=True)

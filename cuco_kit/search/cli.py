@@ -27,7 +27,7 @@ def _evaluator(args: argparse.Namespace, workload_dir: Path, workload_name: str)
         raise BadInput("--evaluator replay needs a replay database: set CUCO_REPLAY_DB, or commit one as "
                        f"{workload_dir / 'replay.db'} or benchmarks/search/{workload_name}.db")
     try:
-        from cuco_kit.evaluate.cascade import GpuEvaluator
+        from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
     except ImportError as exc:
         raise BadInput(f"--evaluator gpu is not available here ({exc}); use --evaluator simulated or replay") \
             from None

@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def evaluator():
-    from cuco_kit.evaluate.cascade import GpuEvaluator
+    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 
     ev = GpuEvaluator()
     yield ev

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit.fastpath import FastPath, FastPathConfig, gpu_present
+from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.fastpath import FastPath, FastPathConfig
 from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
 

@@ -2,26 +2,16 @@
 from __future__ import annotations
 
 import importlib.util
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from cuco_kit.evaluate.device import gpu_present
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _has_gpu() -> bool:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return False
-    try:
-        return subprocess.run([exe, "-L"], capture_output=True, timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU")
+pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +61,7 @@ def test_timeline_has_every_rank_and_the_candidates_kernels() -> None:
     from pathlib import Path
 
     from cuco_kit.evaluate.api import EvalRequest
-    from cuco_kit.evaluate.cascade import GpuEvaluator
+    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 
     wl = Path(__file__).resolve().parents[2] / "sample_kernels" / "allgather"
     ev = GpuEvaluator()

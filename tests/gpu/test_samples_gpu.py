@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit.fastpath import gpu_present
+from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cuco_kit.evaluate import abi
-from cuco_kit.evaluate.cascade import merge_replies
+from cuco_kit.evaluate.gpu_evaluator import merge_replies
 from cuco_kit.evaluate.harness import input_seed, iteration_stats, rel_error, verified_iterations
 
 ROOT = Path(__file__).resolve().parents[2]

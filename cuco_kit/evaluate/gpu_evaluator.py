@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 from cuco_kit.evaluate.harness import FLUSH_BYTES, iteration_stats
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
 from cuco_kit.workload import load_workload
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
 
 
@@ -55,54 +55,6 @@ class EvaluatorConfig:
 
     def pool_config(self) -> PoolConfig:
         return PoolConfig(recycle_every=self.recycle_every, start_timeout_s=self.start_timeout_s)
-
-
-# ------------------------------------------------------------------------------------------------ machine
-
-def detect_gpu(timeout_s: float = 20.0) -> list[dict[str, str]]:
-    """GPUs as nvidia-smi lists them (index, name, driver, memory, compute capability); [] when there is none.
-    Uses nvidia-smi, never CUDA, so the calling process gets no CUDA context."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return []
-    fields = "index,name,driver_version,memory.total,memory.used,compute_cap,uuid"
-    try:
-        p = subprocess.run([exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"], capture_output=True,
-                           text=True, timeout=timeout_s)
-    except (subprocess.TimeoutExpired, OSError):
-        return []
-    if p.returncode != 0:
-        return []
-    out = []
-    for line in p.stdout.strip().splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 7:
-            out.append(dict(zip(fields.split(","), parts)))
-    return out
-
-
-def driver_cuda_version(timeout_s: float = 20.0) -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        p = subprocess.run([exe], capture_output=True, text=True, timeout=timeout_s)
-    except (subprocess.TimeoutExpired, OSError):
-        return None
-    m = re.search(r"CUDA Version:\s*([\d.]+)", p.stdout)
-    return m.group(1) if m else None
-
-
-def git_revision() -> str:
-    try:
-        p = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                           text=True, timeout=10)
-        rev = p.stdout.strip() if p.returncode == 0 else "unknown"
-        d = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True, timeout=10)
-        return rev + ("+dirty" if d.returncode == 0 and d.stdout.strip() else "")
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
 
 
 # ------------------------------------------------------------------------------------------------ L0 / L1
