@@ -1,4 +1,4 @@
-"""The harness's GPU check, in one call (scripts/gpu_check.sh runs it; tests/gpu/test_harness_gpu.py asserts on it).
+"""The harness's GPU check, in one call (scripts/remote_gpu/gpu_check.sh runs it; tests/gpu/test_harness_gpu.py asserts on it).
 
   1. builds the all-gather samples and the adversarial set (L1, cached);
   2. evaluates device_lsa.cu at world 1 under nccl and at 2 and 4 ranks under symm, and the seeds;

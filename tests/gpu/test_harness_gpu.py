@@ -1,4 +1,4 @@
-"""The harness on a real GPU: the same run as scripts/gpu_check.sh, asserted case by case."""
+"""The harness on a real GPU: the same run as scripts/remote_gpu/gpu_check.sh, asserted case by case."""
 from __future__ import annotations
 
 import importlib.util

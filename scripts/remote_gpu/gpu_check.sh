@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The harness's GPU check in ONE command, for the device machine (system python3 with torch + NCCL + cupy):
-#   scripts/gpu_check.sh [--n N_PER_RANK] [--iters N] [--skip-adversarial]
+# The harness's GPU check in ONE command, on a GPU machine whose system python3 has torch and the NCCL wheel:
+#   OUT=results/ scripts/remote_gpu/gpu_check.sh [--n N_PER_RANK] [--iters N] [--skip-adversarial]
 # Builds the all-gather samples and the adversarial set, evaluates them (nccl world 1, symm 2 and 4 ranks),
-# measures warm vs cold evaluation time, checks for leaks, writes JSON to $OUT (or benchmarks/harness/out) and
+# measures warm vs cold evaluation time, checks for leaks, writes JSON to $OUT (default benchmarks/harness/out) and
 # benchmarks/harness/, and prints a table last. L0 needs tree-sitter; where it is missing L0 is skipped with a
-# note (the evaluation path imports cuco_kit.blocks lazily) and writes_file.cu is rejected at run time instead.
+# note (the evaluation path imports the L0 check lazily) and writes_file.cu is rejected at run time instead.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 set -a; . cuco_kit/evaluate/multicast_off.env; set +a  # multicast off (the kit's one list)
 PY=${PYTHON:-python3}

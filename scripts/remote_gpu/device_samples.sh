@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The sample benchmarks on the device machine, several steps in ONE call, each under what is left of the call:
-#   CALL_S=570 scripts/device_samples.sh STEP [STEP ...]
+# The sample benchmarks on a GPU machine, several steps in ONE session of CALL_S seconds (default 570), each step
+# under what is left of it:
+#   CALL_S=570 OUT=results/ scripts/remote_gpu/device_samples.sh STEP [STEP ...]
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench
-#   moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu
+#   moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -13,11 +14,11 @@
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone;
 #  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
 #  are added to them)
-# Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (the device tool returns at most 8
-# files), and prints its last lines. A step gets `--budget-s` = what is left minus a margin, so it stops starting
+# Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
+# runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` = what is left minus a margin, so it stops starting
 # evaluations in time to write its JSON; steps that no longer fit are reported as not started.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 set -a; . cuco_kit/evaluate/multicast_off.env; set +a  # multicast off (the kit's one list)
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
@@ -47,6 +48,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --bench-presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
     timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
+    gpu_tier)        echo "$PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$3/gpu.xml tests/gpu" ;;
     *)               return 1 ;;
   esac
 }

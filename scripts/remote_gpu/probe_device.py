@@ -1,6 +1,6 @@
 """One-shot probe of a GPU machine: what the harness relies on, checked in one call.
 
-Run on the device machine with `PYTHONPATH=. python3 scripts/probe_device.py OUTDIR`. Prints one line per fact and
+Run on a GPU machine, from the repository root: `PYTHONPATH=. python3 scripts/remote_gpu/probe_device.py OUTDIR`. Prints one line per fact and
 writes OUTDIR/probe.json. Every child it starts keeps NVLink multicast off.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 # The kit's one multicast-off environment, read from its KEY=VALUE file (this probe imports nothing of the kit).
 SAFE_ENV = dict(line.split("=", 1) for line in
-                (Path(__file__).resolve().parents[1] / "cuco_kit/evaluate/multicast_off.env").read_text().splitlines()
+                (Path(__file__).resolve().parents[2] / "cuco_kit/evaluate/multicast_off.env").read_text().splitlines()
                 if line.strip() and not line.startswith("#"))
 os.environ.update(SAFE_ENV)
 facts: dict[str, object] = {}
