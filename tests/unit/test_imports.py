@@ -1,9 +1,15 @@
-"""Import rules: the engine never imports ipywidgets; what runs on the GPU machine imports only what its image
-has (stdlib, numpy, torch, cupy) at module level; the notebook layer installs as cuco_kit.widgets only."""
+"""Import rules, enforced here so the layout stays honest:
+- the engine (cuco_kit/) never imports the notebook layer, the tests or the benchmarks, and reads no test data;
+- evaluation imports neither the LLM code nor the search;
+- what runs on the GPU machine imports only what its image has (stdlib, numpy, torch, cupy) at module level;
+- imports sit at the top of a module; inside a function only for a heavy package (HEAVY) or a kit module that
+  imports one at its top, so a file's dependencies are visible where it starts;
+- the notebook layer installs as cuco_kit.widgets only."""
 from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +18,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "cuco_kit"
+WIDGETS = ROOT / "widgets"
+# Third-party packages imported inside the functions that need them: slow to import, or absent from the GPU
+# machine's image. The same list as ruff's banned-module-level-imports in pyproject.toml.
+HEAVY = frozenset({"torch", "tree_sitter", "tree_sitter_cuda", "optuna", "pandas", "plotly", "openai", "IPython",
+                   "ipywidgets", "cupy", "nbformat", "nbclient", "playwright"})
 # Top-level modules the GPU machine image provides besides the standard library.
 GPU_IMAGE = frozenset({"numpy", "torch", "cupy", "cuco_kit"})
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
@@ -26,6 +37,17 @@ def module_name(path: Path) -> str:
 
 def engine_modules() -> dict[str, Path]:
     return {module_name(p): p for p in sorted(ENGINE.rglob("*.py"))}
+
+
+def kit_modules() -> dict[str, Path]:
+    """The engine's modules and the notebook layer's, under their installed names (widgets/ is cuco_kit.widgets)."""
+    mods = engine_modules()
+    for p in sorted(WIDGETS.rglob("*.py")):
+        parts = ["cuco_kit", *p.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = p
+    return mods
 
 
 def _resolve(current: str, is_package: bool, node: ast.ImportFrom) -> str:
@@ -77,11 +99,46 @@ def imports(path: Path, module_level_only: bool, module: str | None = None) -> l
     return found
 
 
-def test_engine_never_imports_ipywidgets():
+def test_engine_never_imports_the_notebook_layer_tests_or_benchmarks():
     offenders = [f"{path.relative_to(ROOT)}:{line} imports {name}"
                  for path in engine_modules().values() for name, line in imports(path, module_level_only=False)
-                 if name.split(".")[0] in ("ipywidgets", "widgets") or name.startswith("cuco_kit.widgets")]
-    assert not offenders, "the engine (cuco_kit/) must not import the notebook layer:\n" + "\n".join(offenders)
+                 if name.split(".")[0] in ("ipywidgets", "widgets", "tests", "benchmarks", "common")
+                 or name.startswith("cuco_kit.widgets")]
+    assert not offenders, ("the engine (cuco_kit/) must not import the notebook layer, tests or benchmarks:\n"
+                           + "\n".join(offenders))
+
+
+def test_engine_reads_no_test_data():
+    # Fixture answers the notebooks use are package data (cuco_kit/llm/fixtures/), not files under tests/.
+    offenders = []
+    for path in engine_modules().values():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
+                    re.match(r"(\.\./)*tests(/|$)", node.value):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value[:80]!r}")
+    assert not offenders, "the engine must not read tests/ at run time:\n" + "\n".join(offenders)
+
+
+def test_evaluation_imports_neither_llm_nor_search():
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+                 for mod, path in engine_modules().items() if mod.startswith("cuco_kit.evaluate")
+                 for name, line in imports(path, module_level_only=False)
+                 if name.startswith(("cuco_kit.llm", "cuco_kit.search", "cuco_kit.fastpath"))]
+    assert not offenders, "evaluation must not depend on LLM or search code:\n" + "\n".join(offenders)
+
+
+def heavy_modules(mods: dict[str, Path]) -> set[str]:
+    """Kit modules that import a HEAVY package at module level, directly or through other kit modules."""
+    top_imports = {m: [n for n, _ in imports(p, module_level_only=True, module=m)] for m, p in mods.items()}
+    heavy = {m for m, names in top_imports.items() if any(n.split(".")[0] in HEAVY for n in names)}
+    changed = True
+    while changed:
+        changed = False
+        for m, names in top_imports.items():
+            if m not in heavy and any(n in heavy for n in names):
+                heavy.add(m)
+                changed = True
+    return heavy
 
 
 def gpu_side_closure() -> dict[str, Path]:
@@ -113,6 +170,42 @@ def test_gpu_side_modules_import_only_what_the_gpu_image_has():
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name} at module level (reached from "
                                  "cuco_kit.evaluate/search/store; import it inside the function that needs it)")
     assert not offenders, "\n".join(offenders)
+
+
+def function_imports(path: Path, module: str) -> list[tuple[str, int]]:
+    """(module, line) of the imports inside function bodies; `from pkg import a, b` gives pkg.a and pkg.b when
+    those are kit modules, else pkg."""
+    mods = kit_modules()
+    out: list[tuple[str, int]] = []
+    tree = ast.parse(path.read_text(), filename=str(path))
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Import):
+                out.extend((alias.name, node.lineno) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(module, path.name == "__init__.py", node)
+                subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods]
+                out.extend((n, node.lineno) for n in (subs or [base]))
+    return sorted(set(out), key=lambda x: x[1])
+
+
+def test_imports_inside_functions_are_only_for_heavy_packages():
+    mods = kit_modules()
+    heavy = heavy_modules(mods)
+    gpu_side = set(gpu_side_closure())
+    offenders = []
+    for mod, path in sorted(mods.items()):
+        for name, line in function_imports(path, mod):
+            root = name.split(".")[0]
+            if root in HEAVY or name in heavy:
+                continue
+            if mod in gpu_side and root not in STDLIB and root not in GPU_IMAGE:
+                continue  # the GPU machine's image lacks it: it must stay inside the function
+            offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name} inside a function (move it to the "
+                             "top of the module)")
+    assert not offenders, f"{len(offenders)} light imports inside functions:\n" + "\n".join(offenders)
 
 
 def test_the_import_scanner_sees_module_level_and_lazy_imports(tmp_path):
