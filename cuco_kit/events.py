@@ -41,7 +41,7 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from cuco_kit.errors import BadInput
 
@@ -120,6 +120,12 @@ class SubscriberFailure:
 def _default_on_error(failure: SubscriberFailure) -> None:
     _log.error("event subscriber %s failed on %s: %s\n%s", failure.callback, failure.event.kind, failure.error,
                failure.traceback)
+
+
+class EventSink(Protocol):
+    """Where a publisher sends events: the EventBus, or anything with the same ``publish``."""
+
+    def publish(self, kind: str, run_id: int | None = None, **data: Any) -> Any: ...
 
 
 class EventBus:

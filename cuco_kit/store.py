@@ -36,7 +36,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypedDict, cast
 
 from cuco_kit.errors import BadInput, CucoError
 
@@ -54,6 +54,122 @@ EVALUATION_STATUSES = ("in_flight", "done", "interrupted")
 _RESULT_SCALARS = ("level_reached", "verdict", "reason", "median_ms", "spread_ms", "seed_median_ms", "speedup",
                    "max_rel_err")
 _RESULT_JSON = ("iteration_ms", "per_rank_median_ms", "logs", "provenance")
+
+
+# ---- rows as the read methods return them (JSON columns decoded) ------------------------------------------------
+
+class RunRow(TypedDict):
+    id: int
+    workload: str
+    config: dict[str, Any]
+    seed: int
+    badge: str
+    state: str
+    created_at: float
+    updated_at: float
+
+
+class ProgramRow(TypedDict):
+    id: int
+    run_id: int
+    parent_id: int | None
+    second_parent_id: int | None
+    source: str
+    name: str
+    rationale: str
+    code: str
+    code_hash: str
+    tags: list[str]
+    knobs: dict[str, str]
+    cell: str | None
+    island: int
+    generation: int
+    created_at: float
+
+
+class ProposalRow(TypedDict):
+    id: int
+    run_id: int
+    parent_id: int | None
+    second_parent_id: int | None
+    source: str
+    name: str
+    rationale: str
+    diff: str
+    code: str
+    original_code: str | None
+    tags: list[str]
+    status: str
+    decided_by: str | None
+    decided_at: float | None
+    note: str
+    program_id: int | None
+    created_at: float
+
+
+class DecisionRow(TypedDict):
+    id: int
+    proposal_id: int
+    decision: str
+    decided_by: str
+    note: str
+    created_at: float
+
+
+class EvaluationRow(TypedDict):
+    id: int
+    program_id: int
+    run_id: int
+    status: str
+    world_size: int
+    backend: str
+    badge: str
+    request: dict[str, Any]
+    level_reached: str | None
+    verdict: str | None
+    reason: str | None
+    median_ms: float | None
+    spread_ms: float | None
+    seed_median_ms: float | None
+    speedup: float | None
+    max_rel_err: float | None
+    flagged: bool
+    iteration_ms: list[Any] | None
+    per_rank_median_ms: list[float] | None
+    logs: dict[str, str] | None
+    provenance: dict[str, Any] | None
+    gpu: str | None
+    driver: str | None
+    cuda: str | None
+    nccl: str | None
+    mps: bool | None
+    git_rev: str | None
+    result: dict[str, Any] | None
+    started_at: float
+    finished_at: float | None
+
+
+class BestRow(EvaluationRow):
+    """The best evaluation plus its program, and that program's code and name for convenience."""
+
+    program: ProgramRow
+    code: str
+    name: str
+
+
+class LLMCallRow(TypedDict):
+    id: int
+    run_id: int | None
+    model: str
+    purpose: str
+    prompt_tokens: int
+    completion_tokens: int
+    latency_s: float
+    dollars: float | None
+    ok: bool
+    error: str
+    request_hash: str
+    created_at: float
 
 
 class StoreError(CucoError):
@@ -246,7 +362,7 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
             # A v0 row without a (readable) result was in flight when its process died.
             status = "done" if isinstance(res, dict) and "verdict" in res else "interrupted"
             res = res if isinstance(res, dict) else {}
-            prov = res.get("provenance") if isinstance(res.get("provenance"), dict) else {}
+            prov = res["provenance"] if isinstance(res.get("provenance"), dict) else {}
             badge = res.get("badge") if res.get("badge") in BADGES else "real"
             try:
                 world = int(prov.get("world") or 1)
@@ -470,15 +586,15 @@ class Store:
                            (workload, _json(config, "run config"), int(seed), badge, now, now))
 
     @staticmethod
-    def _run_dict(r: sqlite3.Row) -> dict:
+    def _run_dict(r: sqlite3.Row) -> RunRow:
         d = dict(r)
         d["config"] = json.loads(d["config"])
-        return d
+        return cast(RunRow, d)
 
-    def run(self, run_id: int) -> dict:
+    def run(self, run_id: int) -> RunRow:
         return self._run_dict(self._one("runs", run_id, "run"))
 
-    def runs(self) -> list[dict]:
+    def runs(self) -> list[RunRow]:
         return [self._run_dict(r) for r in self._rows("SELECT * FROM runs ORDER BY id")]
 
     def set_run_state(self, run_id: int, state: str) -> None:
@@ -503,20 +619,20 @@ class Store:
              time.time()))
 
     @staticmethod
-    def _program_dict(r: sqlite3.Row) -> dict:
+    def _program_dict(r: sqlite3.Row) -> ProgramRow:
         d = dict(r)
         d["tags"] = json.loads(d["tags"])
         d["knobs"] = json.loads(d["knobs"])
-        return d
+        return cast(ProgramRow, d)
 
-    def program(self, program_id: int) -> dict:
+    def program(self, program_id: int) -> ProgramRow:
         return self._program_dict(self._one("programs", program_id, "program"))
 
-    def programs(self, run_id: int) -> list[dict]:
+    def programs(self, run_id: int) -> list[ProgramRow]:
         return [self._program_dict(r) for r in self._rows("SELECT * FROM programs WHERE run_id = ? ORDER BY id",
                                                           (run_id,))]
 
-    def find_program_by_hash(self, run_id: int, code_hash: str) -> dict | None:
+    def find_program_by_hash(self, run_id: int, code_hash: str) -> ProgramRow | None:
         rows = self._rows("SELECT * FROM programs WHERE run_id = ? AND code_hash = ? ORDER BY id LIMIT 1",
                           (run_id, code_hash))
         return self._program_dict(rows[0]) if rows else None
@@ -564,20 +680,20 @@ class Store:
         self._one("proposals", proposal_id, "proposal")
         self._write("UPDATE proposals SET program_id = ? WHERE id = ?", (program_id, proposal_id))
 
-    def decisions(self, proposal_id: int) -> list[dict]:
-        return [dict(r) for r in self._rows("SELECT * FROM decisions WHERE proposal_id = ? ORDER BY id",
+    def decisions(self, proposal_id: int) -> list[DecisionRow]:
+        return [cast(DecisionRow, dict(r)) for r in self._rows("SELECT * FROM decisions WHERE proposal_id = ? ORDER BY id",
                                             (proposal_id,))]
 
     @staticmethod
-    def _proposal_dict(r: sqlite3.Row) -> dict:
+    def _proposal_dict(r: sqlite3.Row) -> ProposalRow:
         d = dict(r)
         d["tags"] = json.loads(d["tags"])
-        return d
+        return cast(ProposalRow, d)
 
-    def proposal(self, proposal_id: int) -> dict:
+    def proposal(self, proposal_id: int) -> ProposalRow:
         return self._proposal_dict(self._one("proposals", proposal_id, "proposal"))
 
-    def proposals(self, run_id: int, status: str | None = None) -> list[dict]:
+    def proposals(self, run_id: int, status: str | None = None) -> list[ProposalRow]:
         if status is None:
             rows = self._rows("SELECT * FROM proposals WHERE run_id = ? ORDER BY id", (run_id,))
         else:
@@ -625,7 +741,7 @@ class Store:
         return ids
 
     @staticmethod
-    def _evaluation_dict(r: sqlite3.Row) -> dict:
+    def _evaluation_dict(r: sqlite3.Row) -> EvaluationRow:
         d = dict(r)
         d["request"] = json.loads(d["request"])
         for k in _RESULT_JSON:
@@ -633,12 +749,12 @@ class Store:
         d["result"] = None if d["result"] is None else json.loads(d["result"])
         d["flagged"] = bool(d["flagged"])
         d["mps"] = None if d["mps"] is None else bool(d["mps"])
-        return d
+        return cast(EvaluationRow, d)
 
-    def evaluation(self, evaluation_id: int) -> dict:
+    def evaluation(self, evaluation_id: int) -> EvaluationRow:
         return self._evaluation_dict(self._one("evaluations", evaluation_id, "evaluation"))
 
-    def evaluations(self, run_id: int | None = None, program_id: int | None = None) -> list[dict]:
+    def evaluations(self, run_id: int | None = None, program_id: int | None = None) -> list[EvaluationRow]:
         where, args = [], []
         if run_id is not None:
             where.append("run_id = ?")
@@ -649,7 +765,7 @@ class Store:
         sql = "SELECT * FROM evaluations" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         return [self._evaluation_dict(r) for r in self._rows(sql, args)]
 
-    def best(self, run_id: int, *, include_flagged: bool = False) -> dict | None:
+    def best(self, run_id: int, *, include_flagged: bool = False) -> BestRow | None:
         """The finished, passing evaluation with the lowest median_ms (ties: the earlier one), or None. Flagged
         results (implausible speed-ups) do not count until a human has looked, unless ``include_flagged``.
         Returns the evaluation's dict plus ``program`` (the program's dict) and, for convenience, ``code`` and
@@ -660,12 +776,9 @@ class Store:
         rows = self._rows(sql, (run_id,))
         if not rows:
             return None
-        d = self._evaluation_dict(rows[0])
-        prog = self.program(d["program_id"])
-        d["program"] = prog
-        d["code"] = prog["code"]
-        d["name"] = prog["name"]
-        return d
+        ev = self._evaluation_dict(rows[0])
+        prog = self.program(ev["program_id"])
+        return cast(BestRow, {**ev, "program": prog, "code": prog["code"], "name": prog["name"]})
 
     # ---- LLM ledger ---------------------------------------------------------------------------------------
 
@@ -679,15 +792,12 @@ class Store:
             (run_id, model, purpose, int(prompt_tokens or 0), int(completion_tokens or 0), float(latency_s),
              None if dollars is None else float(dollars), int(bool(ok)), error or "", request_hash, time.time()))
 
-    def llm_calls(self, run_id: int | None = None) -> list[dict]:
+    def llm_calls(self, run_id: int | None = None) -> list[LLMCallRow]:
         if run_id is None:
             rows = self._rows("SELECT * FROM llm_calls ORDER BY id")
         else:
             rows = self._rows("SELECT * FROM llm_calls WHERE run_id = ? ORDER BY id", (run_id,))
-        out = [dict(r) for r in rows]
-        for d in out:
-            d["ok"] = bool(d["ok"])
-        return out
+        return [cast(LLMCallRow, {**dict(r), "ok": bool(r["ok"])}) for r in rows]
 
     def llm_dollars(self, run_id: int | None = None) -> float:
         """Dollars spent (calls of unknown price count as 0). ``run_id=None``: over every call in the file."""

@@ -34,6 +34,9 @@ from typing import Any, Sequence
 
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.events import EventSink
+from cuco_kit.llm.client import LLMBudgetExceeded
+from cuco_kit.llm.ledger import Ledger
 from cuco_kit.search import islands as islands_mod
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
@@ -47,6 +50,8 @@ from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
 from cuco_kit.search.selection import SelectionConfig, select_parent
+from cuco_kit.store import Store, code_hash
+from cuco_kit.workload import load_workload
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -80,16 +85,30 @@ class _NoEvents:
         return None
 
 
+@dataclass
+class _Slot:
+    """One proposal slot of a round; design-space slots with the same parent and island merge into one with
+    ``n`` > 1 (one Optuna study asked ``n`` times)."""
+
+    slot: int
+    island: int
+    kind: str
+    parent: ProgramView
+    second: ProgramView | None
+    n: int = 1
+
+
 class SearchEngine:
-    def __init__(self, workload_dir: str | Path, store: Any, evaluator: Evaluator,
-                 sources: Sequence[ProposalSource], config: SearchConfig | None = None, events: Any = None, *,
+    def __init__(self, workload_dir: str | Path, store: Store, evaluator: Evaluator,
+                 sources: Sequence[ProposalSource], config: SearchConfig | None = None,
+                 events: EventSink | None = None, *,
                  executor: Executor | None = None, run_id: int | None = None, resume: bool = True,
                  embed: Any = None) -> None:
         self.workload_dir = str(workload_dir)
         self.store = store
         self.evaluator = evaluator
         self.config = config or SearchConfig()
-        self.events = events if events is not None else _NoEvents()
+        self.events: EventSink = events if events is not None else _NoEvents()
         self.sources: list[Any] = list(sources)
         self.human: HumanSource = next((s for s in self.sources if isinstance(s, HumanSource)), None) \
             or HumanSource()
@@ -105,7 +124,7 @@ class SearchEngine:
         self.population = Population()
         self.archive = Archive()
         self.phase = PhaseController(self.config.phases)
-        self.ledger: Any = None
+        self.ledger: Ledger | None = None
         self.state = "new"
         self.reason = ""
         self.error: BaseException | None = None
@@ -124,6 +143,13 @@ class SearchEngine:
         self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
         self._best: float | None = None
         self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
+
+    @property
+    def _rid(self) -> int:
+        """The run's id, once set-up has found or created it (every store call after set-up uses this)."""
+        if self.run_id is None:
+            raise CucoError("the search has no run yet: call run() or start() first")
+        return self.run_id
 
     # ------------------------------------------------------------------------------------------- control
     def run(self) -> SearchSummary:
@@ -213,8 +239,6 @@ class SearchEngine:
     def _setup(self) -> None:
         if self._setup_done:
             return
-        from cuco_kit.workload import load_workload
-
         cfg = self.config
         self.workload = load_workload(self.workload_dir)
         if not self.workload.baseline:
@@ -222,16 +246,15 @@ class SearchEngine:
                            "knob block) to start the search from; set Workload.baseline")
         self.run_id = self._find_or_create_run()
         self._load_state()
-        from cuco_kit.llm.ledger import Ledger
-
         self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars,
                              already_spent=self.store.llm_dollars(self.run_id))
         for s in self.sources:
             bind = getattr(s, "bind", None)
             if callable(bind):
                 bind(self)
-        if callable(getattr(self.evaluator, "bind_ledger", None)):
-            self.evaluator.bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
+        bind_ledger = getattr(self.evaluator, "bind_ledger", None)  # optional: not part of the Evaluator protocol
+        if callable(bind_ledger):
+            bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
         llm = next((getattr(s, "client", None) for s in self.sources if getattr(s, "client", None)), None)
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
                                    world_size=cfg.world_size)
@@ -258,7 +281,7 @@ class SearchEngine:
                                      seed=cfg.seed, badge=self.badge)
 
     def _load_state(self) -> None:
-        rid = self.run_id
+        rid = self._rid
         assert rid is not None
         interrupted = self.store.mark_interrupted(rid)
         st = self.store.get_meta(rid, "state", {}) or {}
@@ -289,7 +312,7 @@ class SearchEngine:
 
     def _add_roots(self) -> None:
         wl, cfg = self.workload, self.config
-        rid = self.run_id
+        rid = self._rid
         try:
             seed_path = wl.seed_for(cfg.backend)
         except BadInput as exc:
@@ -298,6 +321,7 @@ class SearchEngine:
         roots: list[tuple[str, str, str]] = []
         if seed_path is not None:
             roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))
+        assert wl.baseline is not None  # _setup refuses a workload without one
         roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
         for source, name, code in roots:
             knobs, cell = cell_of(code, cfg.backend, cfg.cell_features)
@@ -308,7 +332,7 @@ class SearchEngine:
             self._ready.append(pid)
 
     def _restore_pending(self) -> None:
-        for row in self.store.proposals(self.run_id, "pending"):
+        for row in self.store.proposals(self._rid, "pending"):
             prop = Proposal(name=row["name"], rationale=row["rationale"], diff=row["diff"], tags=row["tags"],
                             source=row["source"], parent_id=row["parent_id"], code=row["code"],
                             second_parent_id=row.get("second_parent_id"))
@@ -405,7 +429,7 @@ class SearchEngine:
         sel = SelectionConfig(**{**asdict(cfg.selection), "method": settings.selection})
         kinds = self._kinds()
         counts = self.population.child_counts()
-        slots: list[dict] = []
+        slots: list[_Slot] = []
         for slot in range(cfg.proposals_per_generation):
             island = islands_mod.island_for_slot(slot, cfg.islands)
             kind = settings.draw_kind(rng, kinds)
@@ -421,32 +445,28 @@ class SearchEngine:
                     if kind is None:
                         continue
             counts[parent.id] = counts.get(parent.id, 0) + 1
-            slots.append({"slot": slot, "island": island, "kind": kind, "parent": parent, "second": second})
+            slots.append(_Slot(slot, island, kind, parent, second))
         # Design-space slots with the same parent share one study: asked together, constant-liar spreads them.
-        groups: list[dict] = []
+        groups: list[_Slot] = []
         for s in slots:
-            if s["kind"] == "design_space":
-                g = next((g for g in groups if g["kind"] == "design_space" and g["parent"].id == s["parent"].id
-                          and g["island"] == s["island"]), None)
-                if g is not None:
-                    g["n"] += 1
+            if s.kind == "design_space":
+                same = next((g for g in groups if g.kind == "design_space" and g.parent.id == s.parent.id
+                             and g.island == s.island), None)
+                if same is not None:
+                    same.n += 1
                     continue
-            groups.append({**s, "n": 1})
+            groups.append(s)
         proposals: list[tuple[Proposal, int]] = []
         for g in groups:
             ctx = self._context(generation, g, rng)
-            source = self._source_for(g["kind"])
+            source = self._source_for(g.kind)
             try:
                 got = source.propose(ctx)
-            except CucoError as exc:
-                from cuco_kit.llm.client import LLMBudgetExceeded
-
-                if isinstance(exc, LLMBudgetExceeded):
-                    self._llm_out = True
-                    self._log(f"LLM budget spent: {exc}", "warning")
-                    continue
-                raise
-            proposals.extend((p, g["island"]) for p in got[:g["n"]])
+            except LLMBudgetExceeded as exc:
+                self._llm_out = True
+                self._log(f"LLM budget spent: {exc}", "warning")
+                continue
+            proposals.extend((p, g.island) for p in got[:g.n])
         seen: set[str] = set()
         for prop, island in proposals:
             self._admit(prop, generation, island, seen)
@@ -462,25 +482,26 @@ class SearchEngine:
         pool = [p for p in pool if p.code != parent.code]
         return pool[rng.randrange(len(pool))] if pool else None
 
-    def _context(self, generation: int, g: dict, rng: random.Random) -> ProposalContext:
+    def _context(self, generation: int, g: _Slot, rng: random.Random) -> ProposalContext:
         cfg = self.config
-        parent: ProgramView = g["parent"]
-        insp = [] if g["kind"] == "design_space" else self.archive.inspirations(
-            self.population, rng, cfg.inspirations, exclude=[parent.id], prefer_not_island=g["island"])
+        parent = g.parent
+        insp = [] if g.kind == "design_space" else self.archive.inspirations(
+            self.population, rng, cfg.inspirations, exclude=[parent.id], prefer_not_island=g.island)
         return ProposalContext(
-            run_id=self.run_id, generation=generation, island=g["island"], parent=parent,
-            population=self.population, phase=self.phase.settings, rng=rng, kind=g["kind"],
-            second_parent=g["second"], inspirations=insp,
+            run_id=self._rid, generation=generation, island=g.island, parent=parent,
+            population=self.population, phase=self.phase.settings, rng=rng, kind=g.kind,
+            second_parent=g.second, inspirations=insp,
             failures=self.population.failures(cfg.failures_in_prompt), meta_summary=self._meta_summary,
-            seed=cfg.seed, parallel=cfg.slots, n=g["n"])
+            seed=cfg.seed, parallel=cfg.slots, n=g.n)
 
     def _collect_human(self) -> None:
         if self.human.waiting() == 0:
             return
-        best = self.population.best() or (self.population.roots() or [None])[0]
+        roots = self.population.roots()
+        best = self.population.best() or (roots[0] if roots else None)
         if best is None:
             return
-        ctx = ProposalContext(run_id=self.run_id, generation=self._gen_done + 1, island=best.island, parent=best,
+        ctx = ProposalContext(run_id=self._rid, generation=self._gen_done + 1, island=best.island, parent=best,
                               population=self.population, phase=self.phase.settings,
                               rng=random.Random(0), kind="human", seed=self.config.seed)
         for prop in self.human.propose(ctx):
@@ -491,15 +512,13 @@ class SearchEngine:
 
     def _admit(self, prop: Proposal, generation: int, island: int, seen: set[str]) -> None:
         """Dedupe, store, filter for novelty, and hand to the gate."""
-        from cuco_kit.store import code_hash
-
         h = code_hash(prop.code)
-        if h in seen or self.store.find_program_by_hash(self.run_id, h) is not None:
+        if h in seen or self.store.find_program_by_hash(self._rid, h) is not None:
             self.counters["duplicates_skipped"] += 1
             log.debug("proposal %r repeats a program already in the run; skipped", prop.name)
             return
         seen.add(h)
-        pid = self.store.add_proposal(run_id=self.run_id, parent_id=prop.parent_id, source=prop.source,
+        pid = self.store.add_proposal(run_id=self._rid, parent_id=prop.parent_id, source=prop.source,
                                       name=prop.name, rationale=prop.rationale, diff=prop.diff, code=prop.code,
                                       tags=prop.tags, second_parent_id=prop.second_parent_id)
         self._proposal_info[pid] = (generation, island)
@@ -515,15 +534,13 @@ class SearchEngine:
         self.gate.submit(pid, prop)
 
     def _drain_gate(self) -> None:
-        from cuco_kit.store import code_hash
-
         for d, prop in self.gate.drain():
             if d.decision == "rejected":
                 self.store.decide(d.proposal_id, "rejected", by=d.by, note=d.note)
                 self._emit("decision", proposal_id=d.proposal_id, decision="rejected", by=d.by, note=d.note)
                 continue
-            code = d.code if d.decision == "edited" else prop.code
-            existing = self.store.find_program_by_hash(self.run_id, code_hash(code))
+            code = d.code if d.decision == "edited" and d.code is not None else prop.code
+            existing = self.store.find_program_by_hash(self._rid, code_hash(code))
             if existing is not None:
                 # Same code as a program we have (e.g. a kill between storing it and recording the decision).
                 program_id = existing["id"]
@@ -535,7 +552,7 @@ class SearchEngine:
                 knobs, cell = cell_of(code, self.config.backend, self.config.cell_features)
                 tags = list(prop.tags) + (["edited"] if d.decision == "edited" else [])
                 program_id = self.store.add_program(
-                    run_id=self.run_id, code=code, parent_id=prop.parent_id, source=prop.source, name=prop.name,
+                    run_id=self._rid, code=code, parent_id=prop.parent_id, source=prop.source, name=prop.name,
                     rationale=prop.rationale, tags=tags, knobs=knobs, cell=cell, island=island,
                     generation=generation, second_parent_id=prop.second_parent_id)
                 self.population.add_row(self.store.program(program_id))
@@ -659,14 +676,14 @@ class SearchEngine:
             self._log(f"phase -> {self.phase.state.phase} after generation {generation} ({switched})")
         if self.meta.due(generation):
             self._meta_summary, method = self.meta.summarize(self.population, generation)
-            self.store.put_meta(self.run_id, "meta_summary", {"generation": generation, "method": method,
+            self.store.put_meta(self._rid, "meta_summary", {"generation": generation, "method": method,
                                                               "text": self._meta_summary})
         self._gen_done = generation
         self._save_state()
 
     def _save_state(self) -> None:
         # One row, written at once: a kill leaves either the previous round's state or this one's.
-        self.store.put_meta(self.run_id, "state", {
+        self.store.put_meta(self._rid, "state", {
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
             "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,

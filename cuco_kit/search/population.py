@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from cuco_kit.store import ProgramRow
 from cuco_kit.search.proposal import FailureNote
 
 ROOT_SOURCES = ("baseline",)  # generation-0 programs every island starts from
@@ -84,7 +85,7 @@ class Population:
         self.order.append(p.id)
         return p
 
-    def add_row(self, row: dict[str, Any]) -> ProgramView:
+    def add_row(self, row: ProgramRow) -> ProgramView:
         return self.add(ProgramView(
             id=row["id"], code=row["code"], parent_id=row.get("parent_id"), source=row["source"],
             name=row.get("name", ""), rationale=row.get("rationale", ""), tags=list(row.get("tags") or []),
@@ -153,7 +154,7 @@ class Population:
         return max(scored, key=lambda p: (p.fitness, -p.id)) if scored else None
 
     def top(self, k: int, programs: Iterable[ProgramView] | None = None) -> list[ProgramView]:
-        return sorted(self.scored(programs), key=lambda p: (-p.fitness, p.id))[:k]
+        return sorted(self.scored(programs), key=lambda p: (-(p.fitness or 0.0), p.id))[:k]  # scored: never None
 
     def children_of(self, program_id: int) -> list[ProgramView]:
         return [p for p in self.all() if p.parent_id == program_id or p.second_parent_id == program_id]
