@@ -41,6 +41,8 @@ from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 
+from cuco_kit.llm.openai_client import LLMConfig
+
 log = logging.getLogger("cuco_kit.llm.fake_server")
 
 KINDS = ("text", "truncated", "rate_limit", "server_error", "delay", "malformed")
@@ -358,8 +360,6 @@ class FakeOpenAIServer:
 
     def config(self, **overrides: Any) -> Any:
         """An LLMConfig for this server (model "fixture"); keyword arguments override its fields."""
-        from cuco_kit.llm.openai_client import LLMConfig
-
         fields: dict[str, Any] = {"base_url": self.base_url, "api_key": "fixture-key", "model": "fixture"}
         fields.update(overrides)
         return LLMConfig(**fields)

@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from cuco_kit import prompts
+from cuco_kit.llm.client import LLMError
 from cuco_kit.search.population import Population
 
 log = logging.getLogger("cuco_kit.search")
@@ -120,8 +122,6 @@ class MetaSummarizer:
         stats = statistical_summary(population)
         if self.llm is None or not self.config.use_llm:
             return stats, "statistical"
-        from cuco_kit import prompts
-        from cuco_kit.llm.client import LLMError
 
         best = "\n".join(f"- program {p.id} ({p.name or p.source}): {p.summary()}; knobs "
                          + ", ".join(f"{k}={v}" for k, v in sorted(p.knobs.items()))

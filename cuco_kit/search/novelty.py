@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from cuco_kit.llm.embeddings import embed as _embed
 from cuco_kit.search.population import Population
 
 log = logging.getLogger("cuco_kit.search")
@@ -127,8 +128,6 @@ def openai_embedder(config: Any | None = None) -> Callable[[list[str]], list[lis
     """An ``embed`` function over the OpenAI-compatible endpoint of ``config`` (an LLMConfig)."""
 
     def embed(texts: list[str]) -> list[list[float]]:
-        from cuco_kit.llm.embeddings import embed as _embed
-
         return _embed(texts, config)
 
     return embed

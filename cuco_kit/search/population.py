@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from cuco_kit.store import ProgramRow
 from cuco_kit.search.proposal import FailureNote
+from cuco_kit.store import ProgramRow
 
 ROOT_SOURCES = ("baseline",)  # generation-0 programs every island starts from
 
