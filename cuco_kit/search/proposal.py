@@ -10,6 +10,8 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from cuco_kit import patch
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cuco_kit.search.phases import PhaseSettings
     from cuco_kit.search.population import Population, ProgramView
@@ -102,6 +104,4 @@ class ProposalSource(Protocol):
 
 def unified_diff(old: str, new: str) -> str:
     """The one diff format every proposal carries (viewers show it): cuco_kit.patch's unified diff."""
-    from cuco_kit import patch  # lazy: patch pulls blocks, hence tree-sitter
-
     return patch.unified_diff(old, new, "parent", "candidate")
