@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
-import itertools
 import json
 import os
 import re
@@ -25,7 +24,7 @@ from typing import Any, Iterable, Mapping
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cuco_kit import blocks  # noqa: E402
+from cuco_kit import markers  # noqa: E402
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
 from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu  # noqa: E402
@@ -44,10 +43,10 @@ def is_number(token: str) -> bool:
 def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
     """Every combination of the enum knobs; the integer knobs cycle (each with its own phase) so every value of
     every knob is built and run at least once. Returns (knob values, source) pairs, the default's values first."""
-    ks = blocks.knobs(code)
+    ks = markers.knobs(code)
     enums = [k for k in ks if not all(is_number(v) for v in k.allowed)]
     ints = [k for k in ks if k not in enums]
-    combos = list(itertools.product(*[k.allowed for k in enums])) or [()]
+    combos = [tuple(kv.values()) for kv in markers.knob_space(code, [k.name for k in enums])]
     default = tuple(k.value for k in enums)
     if default in combos:
         combos.remove(default)
@@ -61,15 +60,15 @@ def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
         key = tuple(kv.items())
         if key not in seen:
             seen.add(key)
-            out.append((kv, blocks.set_knobs(code, kv)))
+            out.append((kv, markers.set_knobs(code, kv)))
     return out
 
 
 def smoke_variants(code: str) -> list[tuple[dict[str, str], str]]:
     """The default and its opposite (every knob at a value other than its default): a first look on a GPU."""
-    ks = blocks.knobs(code)
+    ks = markers.knobs(code)
     opposite = {k.name: next((v for v in reversed(k.allowed) if v != k.value), k.value) for k in ks}
-    return [({k.name: k.value for k in ks}, code), (opposite, blocks.set_knobs(code, opposite))]
+    return [({k.name: k.value for k in ks}, code), (opposite, markers.set_knobs(code, opposite))]
 
 
 def short(kv: Mapping[str, str]) -> str:

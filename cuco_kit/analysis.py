@@ -18,8 +18,6 @@ Buffers are named by their base expression: casts, parentheses and pointer offse
 """
 from __future__ import annotations
 
-import argparse
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -1274,7 +1272,7 @@ def _inside_error(node: Node) -> bool:
 
 
 def analyze(code: str, filename: str = "<string>") -> AnalysisReport:
-    """Analyse CUDA source text. Raises BadInput when the text is not CUDA/C++ with at least one function."""
+    """Analyze CUDA source text. Raises BadInput when the text is not CUDA/C++ with at least one function."""
     if not isinstance(code, str):
         raise BadInput(f"{filename}: expected source text (str), got {type(code).__name__}")
     if "\x00" in code:
@@ -1287,7 +1285,7 @@ def analyze(code: str, filename: str = "<string>") -> AnalysisReport:
 
 
 def analyze_file(path: str | Path) -> AnalysisReport:
-    """Read and analyse a file; BadInput for a missing, unreadable or binary file."""
+    """Read and analyze a file; BadInput for a missing, unreadable or binary file."""
     p = Path(path)
     if not p.is_file():
         raise BadInput(f"{p}: no such file; pass the path of a CUDA source (.cu)")
@@ -1301,18 +1299,7 @@ def analyze_file(path: str | Path) -> AnalysisReport:
     return analyze(text, str(p))
 
 
-def cli_analyze(args: argparse.Namespace) -> int:
-    """`cuco analyze FILE [--json]`."""
-    rep = analyze_file(args.file)
-    if getattr(args, "json", False):
-        print(json.dumps(rep.to_json_dict(), indent=2))
-    else:
-        print(rep.summary())
-    return 0
-
-
 __all__: Iterable[str] = [
     "AnalysisReport", "Allocation", "BlasCall", "CommCall", "CopyCall", "EventCall", "Free", "Graph", "Group",
     "Kernel", "KernelParam", "Launch", "SetupCall", "StreamCreate", "SyncCall", "analyze", "analyze_file",
-    "cli_analyze",
 ]

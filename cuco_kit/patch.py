@@ -18,7 +18,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from cuco_kit import blocks as blk
+from cuco_kit import markers
 from cuco_kit.errors import CucoError
 
 _EDIT_RE = re.compile(
@@ -79,7 +79,7 @@ def apply_edits(code: str, edits: list[Edit]) -> str:
         first = edit.search.strip().split("\n")[0][:60] if edit.search.strip() else ""
         if not edit.search.strip():
             raise PatchError(f"edit {n}: the SEARCH text is empty; quote the exact lines to replace")
-        if blk.START_MARKER in edit.replace or blk.END_MARKER in edit.replace:
+        if markers.START_MARKER in edit.replace or markers.END_MARKER in edit.replace:
             raise PatchError(f"edit {n}: the REPLACE text contains an EVOLVE marker; markers are frozen")
         hits = _occurrences(code, edit.search)
         if not hits:
@@ -91,8 +91,8 @@ def apply_edits(code: str, edits: list[Edit]) -> str:
                              "so it matches once")
         start, end = hits[0], hits[0] + len(edit.search)
         try:
-            found = blk.blocks(code)
-        except blk.MarkerError as exc:
+            found = markers.blocks(code)
+        except markers.MarkerError as exc:
             raise PatchError(f"edit {n}: the code's EVOLVE markers are malformed: {exc}") from None
         inside = next((b for b in found if b.start_offset <= start and end <= b.end_offset), None)
         if inside is None:

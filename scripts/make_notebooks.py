@@ -135,7 +135,7 @@ choice.close()
     md("""
 ## Next
 
-* `01_fast_path`: step through the host-to-device rewrite (analyse, Stage A, Stage B, annotate), reviewing each
+* `01_fast_path`: step through the host-to-device rewrite (analyze, Stage A, Stage B, annotate), reviewing each
   LLM attempt as a side-by-side diff.
 * `02_search`: run a live search yourself and approve, edit or reject every proposal before it is evaluated.
 * `03_multi_gpu_eval`: evaluate one kernel on 1, 2 or 4 ranks, on both backends, across sizes.
@@ -151,7 +151,7 @@ FAST_PATH = [
 
 This notebook **shows** the fast path step by step on the GEMM + AllGather seed:
 
-1. **analyse** the host-side communication;
+1. **analyze** the host-side communication;
 2. **Stage A**: add the device-side infrastructure (devComm, scratch windows) while the host collectives stay;
 3. **Stage B**: replace the host collectives with device-initiated NCCL (LSA) code;
 4. **annotate**: mark the mutable regions with EVOLVE blocks and the knob block for the search.
@@ -162,7 +162,7 @@ recorded **fixture** answers, said so on screen; otherwise set `OPENAI_API_KEY` 
 `OPENAI_BASE_URL`, `CUCO_MODEL`) for a real model.
 """),
     code(SETUP + """
-from cuco_kit import blocks
+from cuco_kit import markers
 from cuco_kit.widgets import AnalysisView, DiffReview, LedgerView
 
 SAMPLE = ns.main_sample()
@@ -171,12 +171,12 @@ fp, llm_note = ns.fast_path(SAMPLE, choice)
 display(choice, llm_note)
 """),
     md("""
-## 1. Analyse
+## 1. Analyze
 
 What the seed communicates, on which streams, and which buffers each call reads and writes.
 """),
     code("""
-analysis = fp.analyse()
+analysis = fp.analyze()
 AnalysisView(analysis)
 """),
     md("""
@@ -216,7 +216,7 @@ Every call is in the ledger: tokens, dollars (fixture answers cost nothing) and 
     code("""
 display(LedgerView(fp.store, fp.run_id))
 print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
-      ", ".join(b.name for b in blocks.blocks(fp.current_code)))
+      ", ".join(b.name for b in markers.blocks(fp.current_code)))
 ns.cleanup()
 fp.store.close()
 choice.close()

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import datetime as dt
-import itertools
 import json
 import os
 import shutil
@@ -49,7 +48,7 @@ os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the laun
 # Optuna 5 deprecates constraints_func (still honoured); once per ask it would drown the log.
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
 
-from cuco_kit import blocks  # noqa: E402
+from cuco_kit import markers  # noqa: E402
 from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
 from cuco_kit.events import EventBus  # noqa: E402
@@ -70,12 +69,7 @@ PASS_LOG_CHARS = 800  # log tails kept for passing evaluations in the committed 
 
 def knob_variants(code: str) -> list[tuple[dict[str, str], str]]:
     """Every point of the knob block, as (values, code)."""
-    ks = blocks.knobs(code)
-    out = []
-    for combo in itertools.product(*(k.allowed for k in ks)):
-        values = dict(zip((k.name for k in ks), combo))
-        out.append((values, blocks.set_knobs(code, values)))
-    return out
+    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code)]
 
 
 def short(knobs: dict[str, str] | None) -> str:

@@ -63,7 +63,7 @@ def run_l0(code: str, parent_code: str | None) -> tuple[bool | None, list[str], 
     """(ok, reasons, note). ok None = L0 could not run here (tree-sitter missing on the GPU image): the
     evaluation goes on and says so."""
     try:
-        from cuco_kit.blocks import check_candidate
+        from cuco_kit.static_check import check_candidate
     except ModuleNotFoundError as exc:
         if "tree_sitter" in str(exc):
             return None, [], ("L0 not run: tree-sitter is not installed on this machine (pip install "

@@ -5,7 +5,7 @@ Latency is a function of the candidate's knob values: each (knob, value) has an 
 values an interaction, drawn from a hash of the simulator's seed, so the landscape has structure (some values
 win, some combinations clash) that a search can learn. Some combinations fail at L1 ("build") or L2
 ("verification") with a reason; per-iteration noise comes from an RNG seeded by (seed, code, request seed), so
-the same request always gets the same result. L0 is the real static check (cuco_kit.blocks) when the request
+the same request always gets the same result. L0 is the real static check (cuco_kit.static_check) when the request
 carries the parent's code; edits outside the knob block perturb the latency a little (a hash of the code).
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ import threading
 import time
 
 
+from cuco_kit import markers
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 
 
@@ -100,9 +101,9 @@ class SimulatedEvaluator:
         step("L0", "static check")
         knobs, problem = _knobs(code)
         if problem is None and self.check_l0 and request.parent_code is not None:
-            from cuco_kit import blocks
+            from cuco_kit import static_check
 
-            report = blocks.check_candidate(code, request.parent_code)
+            report = static_check.check_candidate(code, request.parent_code)
             problem = None if report.ok else "; ".join(report.reasons[:3])
         if problem is not None:
             return EvalResult("L0", "fail", reason=problem, badge="simulated", provenance=prov,
@@ -140,35 +141,27 @@ class SimulatedEvaluator:
 
 
 def _knobs(code: str) -> tuple[dict[str, str], str | None]:
-    from cuco_kit import blocks
     from cuco_kit.errors import BadInput
 
     try:
-        return {k.name: k.value for k in blocks.knobs(code)}, None
+        return {k.name: k.value for k in markers.knobs(code)}, None
     except BadInput as exc:
         return {}, f"knob block: {exc}"
 
 
 def _outside_knobs(code: str) -> str:
     """The code with the knob block's lines removed (so a knob move does not also move the code hash term)."""
-    from cuco_kit import blocks
-
     try:
-        kb = next((b for b in blocks.blocks(code) if b.name == blocks.KNOB_BLOCK), None)
+        kb = next((b for b in markers.blocks(code) if b.name == markers.KNOB_BLOCK), None)
     except Exception:  # noqa: BLE001 -- malformed markers were L0's business
         return code
     return code if kb is None else code[:kb.start_offset] + code[kb.end_offset:]
 
 
-def landscape_optimum(evaluator: SimulatedEvaluator, allowed: dict[str, tuple[str, ...]],
-                      world_size: int = 1) -> tuple[dict[str, str], float]:
-    """Brute-force best passing assignment over small knob spaces (tests only)."""
-    import itertools
-
-    names = sorted(allowed)
+def landscape_optimum(evaluator: SimulatedEvaluator, code: str, world_size: int = 1) -> tuple[dict[str, str], float]:
+    """Brute-force best passing assignment over the (small) knob space of `code` (tests only)."""
     best: tuple[dict[str, str], float] = ({}, float("inf"))
-    for combo in itertools.product(*(allowed[n] for n in names)):
-        k = dict(zip(names, combo))
+    for k in markers.knob_space(code):
         if evaluator.failure(k) is None:
             t = evaluator.true_ms(k, "", world_size)
             if t < best[1]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Sequence
 
+from cuco_kit import markers
 from cuco_kit.search.population import Population, ProgramView
 
 log = logging.getLogger("cuco_kit.search")
@@ -21,10 +22,8 @@ DEFAULT_FEATURES = ("uses_device_api", "n_streams")
 
 def knob_values(code: str) -> dict[str, str]:
     """The knob block's values ({} when the program has none or its knob block is broken)."""
-    from cuco_kit import blocks  # lazy: blocks pulls tree-sitter, which the GPU image lacks
-
     try:
-        return {k.name: k.value for k in blocks.knobs(code)}
+        return {k.name: k.value for k in markers.knobs(code)}
     except Exception:  # noqa: BLE001 -- a broken knob block is L0's finding, not the archive's
         return {}
 
@@ -52,9 +51,7 @@ def _all_features(code: str) -> dict[str, Any]:
 
 def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | None = None) -> str:
     """``backend=<b>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer."""
-    from cuco_kit import blocks
-
-    parts = [f"backend={backend}", blocks.design_cell(knobs)] if knobs else [f"backend={backend}", "knobs=-"]
+    parts = [f"backend={backend}", markers.design_cell(knobs)] if knobs else [f"backend={backend}", "knobs=-"]
     for k in sorted(features or {}):
         v = features[k]
         parts.append(f"{k}={int(v) if isinstance(v, bool) else v}")

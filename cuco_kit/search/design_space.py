@@ -23,6 +23,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from cuco_kit import markers, patch
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, unified_diff
 
@@ -88,11 +89,9 @@ class DesignSpaceSource:
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
         import optuna
 
-        from cuco_kit import blocks
-
         parent = ctx.parent
         try:
-            knobs = blocks.knobs(parent.code)
+            knobs = markers.knobs(parent.code)
         except Exception as exc:  # noqa: BLE001 -- a parent without a usable knob block has no design space
             log.info("design space: program %s has no usable knob block (%s)", parent.id, exc)
             return []
@@ -176,9 +175,7 @@ class DesignSpaceSource:
     def _apply(code: str, knobs: list, values: dict[str, str]) -> str | None:
         """SEARCH/REPLACE edits of the changed knob lines (each line is unique: a knob is declared once),
         applied with cuco_kit.patch, the path an LLM's diff takes."""
-        from cuco_kit import blocks, patch
-
-        target = blocks.set_knobs(code, values).split("\n")
+        target = markers.set_knobs(code, values).split("\n")
         lines = code.split("\n")
         edits = [patch.Edit(lines[k.line - 1], target[k.line - 1]) for k in knobs if values[k.name] != k.value]
         if not edits:
@@ -218,12 +215,10 @@ class RandomKnobSource:
         self.max_draws_per_proposal = max_draws_per_proposal
 
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
-        from cuco_kit import blocks
-
         base, knobs = None, []
         for cand in [ctx.parent, *ctx.population.roots()]:
             try:
-                knobs = blocks.knobs(cand.code)
+                knobs = markers.knobs(cand.code)
             except Exception:  # noqa: BLE001 -- no usable knob block: try the next candidate
                 knobs = []
             if knobs:

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cuco_kit import markers, patch
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import MUTATION_KINDS, Proposal, ProposalContext, unified_diff
 
@@ -42,10 +43,8 @@ def parse_header(text: str) -> tuple[str, str, list[str]]:
 
 def evolve_blocks_text(code: str, max_chars: int) -> str:
     """The program's EVOLVE blocks with their names (what an inspiration needs to show), clipped."""
-    from cuco_kit import blocks
-
     try:
-        parts = [f"// block {b.name}\n{b.text}" for b in blocks.blocks(code)]
+        parts = [f"// block {b.name}\n{b.text}" for b in markers.blocks(code)]
     except Exception:  # noqa: BLE001 -- broken markers: show the head of the file instead
         parts = [code]
     text = "\n".join(parts)
@@ -106,7 +105,6 @@ class LLMSource:
 
     # -- proposing ------------------------------------------------------------------------------------------
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
-        from cuco_kit import patch
         from cuco_kit.llm.client import LLMBudgetExceeded, LLMError
 
         kind = ctx.kind if ctx.kind in self.kinds else "diff"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import blocks as blk
+from cuco_kit import markers
 from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig
 from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
@@ -34,7 +34,7 @@ def test_fastpath_end_to_end_with_real_builds(tmp_path: Path) -> None:
     assert res.outcomes["A"].attempts[0].builds == {"nccl": True}
     assert res.outcomes["B"].attempts[0].builds == {"nccl": True, "symm": True}
     assert all(Path(p).is_file() for p in res.outcomes["B"].attempts[0].so_paths.values())
-    assert blk.strip_markers(res.code) == b
+    assert markers.strip_markers(res.code) == b
 
 
 @pytest.mark.parametrize("name,backend", [("gemm_stage_b_gin.cu", "nccl"),

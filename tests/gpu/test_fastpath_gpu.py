@@ -47,8 +47,7 @@ def test_fastpath_reaches_l2_at_two_ranks_and_catches_dropped_peer_stores(evalua
 @pytest.mark.timeout(420)
 def test_sanitizer_names_the_kernel_behind_an_illegal_memory_access(evaluator) -> None:
     from cuco_kit.evaluate.api import EvalRequest
-    from cuco_kit.fastpath import sanitize
-    from cuco_kit.fastpath_steps import has_illegal_access
+    from cuco_kit.fastpath.sanitizer import has_illegal_access, sanitize
 
     code = (ROOT / "tests" / "data" / "adversarial" / "out_of_bounds.cu").read_text()
     req = EvalRequest(candidate_code=code, workload_dir=str(ROOT / "sample_kernels" / "allgather"), world_size=2,

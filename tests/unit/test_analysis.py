@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit.analysis import analyze, analyze_file, cli_analyze
+from cuco_kit.analysis import analyze, analyze_file
+from cuco_kit.cli import main
+from cuco_kit.commands import analyze as analyze_command
 from cuco_kit.errors import BadInput
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "analysis"
@@ -81,7 +83,7 @@ def test_graph_produce_allgather_consume():
 
 
 def test_cli_json_keys(capsys):
-    assert cli_analyze(argparse.Namespace(file=str(DATA / "produce_allgather_consume.cu"), json=True)) == 0
+    assert analyze_command.run(argparse.Namespace(file=str(DATA / "produce_allgather_consume.cu"), json=True)) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"collectives", "kernels", "launches", "allocations", "graph", "features"} <= set(out)
     assert {k: out["collectives"][0][k] for k in ("call", "line", "stream", "buffers")} == {
@@ -95,7 +97,7 @@ def test_cli_json_keys(capsys):
 
 
 def test_cli_human_summary(capsys):
-    assert cli_analyze(argparse.Namespace(file=str(DATA / "produce_allgather_consume.cu"), json=False)) == 0
+    assert analyze_command.run(argparse.Namespace(file=str(DATA / "produce_allgather_consume.cu"), json=False)) == 0
     out = capsys.readouterr().out
     assert "1 collective(s)" in out and "L33 ncclAllGather(send, recv) stream=s" in out
 
@@ -289,12 +291,10 @@ def test_bad_input_is_one_clear_line(tmp_path, content, needle):
 
 def test_missing_file(tmp_path):
     with pytest.raises(BadInput, match="no such file"):
-        cli_analyze(argparse.Namespace(file=str(tmp_path / "absent.cu"), json=True))
+        analyze_command.run(argparse.Namespace(file=str(tmp_path / "absent.cu"), json=True))
 
 
 def test_cli_entry_reports_bad_input_as_one_line(tmp_path, capsys):
-    from cuco_kit.cli import main
-
     f = tmp_path / "notes.txt"
     f.write_text("just words here\n")
     assert main(["analyze", str(f)]) == 2

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuco_kit import blocks
+from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.workload import DTYPES, load_workload
 
@@ -275,7 +275,7 @@ EXPECTED_KNOBS = {
 
 
 def test_baseline_knob_block_parses():
-    knobs = {k.name: k for k in blocks.knobs(_code("device_lsa.cu"))}
+    knobs = {k.name: k for k in markers.knobs(_code("device_lsa.cu"))}
     assert {n: k.allowed for n, k in knobs.items()} == EXPECTED_KNOBS
     for k in knobs.values():
         assert k.value in k.allowed
@@ -284,12 +284,12 @@ def test_baseline_knob_block_parses():
 @pytest.mark.parametrize("name", SOURCES)
 def test_sample_sources_pass_l0(name):
     code = _code(name)
-    report = blocks.check_candidate(code, code)
+    report = static_check.check_candidate(code, code)
     assert report.ok, report.reasons
 
 
 def test_baseline_has_mutable_blocks_besides_knobs():
-    names = [b.name for b in blocks.blocks(_code("device_lsa.cu"))]
+    names = [b.name for b in markers.blocks(_code("device_lsa.cu"))]
     assert names[0] == "knobs"
     assert {"tuning", "put_kernel", "launch_shape", "schedule"} <= set(names)
 
@@ -298,21 +298,21 @@ def test_every_knob_value_is_an_l0_valid_child():
     # L0 judges each knob line on its own, so every value once (plus the all-non-default corner) covers the
     # 2*2*2*3*2 = 48 combinations without parsing the file 48 times (the compile tier builds the variants).
     parent = _code("device_lsa.cu")
-    default = {k.name: k.value for k in blocks.knobs(parent)}
+    default = {k.name: k.value for k in markers.knobs(parent)}
     combos = [tuple({**default, name: value}[n] for n in EXPECTED_KNOBS)
               for name, allowed in EXPECTED_KNOBS.items() for value in allowed]
     combos.append(tuple(next(v for v in allowed if v != default[name]) for name, allowed in EXPECTED_KNOBS.items()))
     assert math.prod(len(a) for a in EXPECTED_KNOBS.values()) == 48
     for values in dict.fromkeys(combos):
-        child = blocks.set_knobs(parent, dict(zip(EXPECTED_KNOBS, values)))
-        report = blocks.check_candidate(child, parent)
+        child = markers.set_knobs(parent, dict(zip(EXPECTED_KNOBS, values)))
+        report = static_check.check_candidate(child, parent)
         assert report.ok, (values, report.reasons)
         assert report.knob_values == dict(zip(EXPECTED_KNOBS, values))
 
 
 def test_bad_knob_value_is_refused():
     with pytest.raises(BadInput, match="kChunks"):
-        blocks.set_knobs(_code("device_lsa.cu"), {"kChunks": "8"})
+        markers.set_knobs(_code("device_lsa.cu"), {"kChunks": "8"})
 
 
 def test_backend_declarations():
@@ -332,7 +332,7 @@ def test_sources_declare_the_gathered_kv_scratch(name):
 def test_each_source_includes_the_shared_kernel_outside_every_block(mod, name):
     code = _code(name)
     line = next(i for i, text in enumerate(code.split("\n"), 1) if text.startswith('#include "attention_kernel.cuh"'))
-    assert all(not (b.start_line <= line <= b.end_line) for b in blocks.blocks(code))  # frozen library code
+    assert all(not (b.start_line <= line <= b.end_line) for b in markers.blocks(code))  # frozen library code
 
 
 def test_build_puts_the_workload_headers_on_the_path_and_in_the_key(mod):

@@ -94,3 +94,13 @@ def test_rejected_candidate_exits_1_with_reasons(tmp_path, as_json):
         out = proc.stderr
         assert out.startswith("rejected (2 reason(s)):")
     assert "process/syscall call 'system'" in out and "knob kChunks = 3 is not in its allowed set" in out
+
+
+def test_check_imports_only_its_own_command():
+    # The registry imports a command's module when that command runs: `cuco check` must not pay for torch.
+    code = ("import sys\nfrom cuco_kit.cli import main\n"
+            f"rc = main(['check', {str(PARENT)!r}, '--json'])\n"
+            "print(rc, 'torch' in sys.modules, sorted(m for m in sys.modules if m.startswith('cuco_kit.commands.')))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "0 False ['cuco_kit.commands.check']"

@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import blocks as blk
-from cuco_kit import fastpath_steps as steps
+from cuco_kit import markers, static_check
+from cuco_kit.commands import fastpath as fastpath_command
 from cuco_kit.errors import CucoError
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.evaluate.build import BuildResult
-from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig, cli_fastpath, sanitize
+from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig, sanitize, steps
+from cuco_kit.fastpath.sanitizer import parse_sanitizer
 from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer, rate_limit, server_error, slow, truncated
+from cuco_kit.prompts import nccl_api
 from cuco_kit.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,13 +121,13 @@ def test_correct_rewrites_reach_an_annotated_candidate_and_say_l2_was_not_evalua
     builder = RecordingBuilder()
     with FakeOpenAIServer(script) as srv:
         fp = make_fp(srv, store, builder=builder)
-        rep = fp.analyse()
+        rep = fp.analyze()
         assert [c.call for c in rep.collectives] == ["ncclAllGather"]
         res = fp.run()
     assert res.status == "passed_l1" and res.ok
     assert NO_GPU in res.message
     assert [o.status for o in res.outcomes.values()] == ["passed_l1", "passed_l1", "passed"]
-    assert res.code == ANNOTATED and blk.strip_markers(res.code) == STAGE_B
+    assert res.code == ANNOTATED and markers.strip_markers(res.code) == STAGE_B
     # Stage A keeps host NCCL: nccl only; Stage B builds for both backends.
     assert [b for b, c in builder.calls] == ["nccl", "nccl", "symm"]
     a = res.outcomes["A"].attempts[0]
@@ -233,9 +235,9 @@ def test_an_annotation_that_edits_outside_the_blocks_is_rejected_and_the_fallbac
     assert llm.verdict == "fail" and "does not give back the input byte for byte" in llm.reason
     assert "cublas == nullptr" in llm.reason  # names the line that changed
     assert fb.source == "fallback" and fb.verdict == "pass" and out.status == "fallback" and out.ok
-    assert blk.strip_markers(out.code) == STAGE_B
-    assert [b.name for b in blk.blocks(out.code)] == ["knobs", "kernel_push_shard", "step"]
-    assert blk.check_candidate(out.code).ok
+    assert markers.strip_markers(out.code) == STAGE_B
+    assert [b.name for b in markers.blocks(out.code)] == ["knobs", "kernel_push_shard", "step"]
+    assert static_check.check_candidate(out.code).ok
     assert [c["purpose"] for c in store.llm_calls(fp.run_id)] == ["fastpath.annotate"]
 
 
@@ -309,9 +311,9 @@ def test_sanitize_without_a_hook_says_unavailable() -> None:
 def test_parse_sanitizer_reads_both_frame_formats() -> None:
     old = "========= Invalid __global__ read of size 4 bytes\n=========     at 0x70 in /a/k.cu:12:gather(int *)\n"
     new = "========= Invalid __global__ read of size 4 bytes\n=========     at gather(int *)+0x70 in /a/k.cu:12\n"
-    assert steps.parse_sanitizer(old) == ("gather", "/a/k.cu:12")
-    assert steps.parse_sanitizer(new) == ("gather", "/a/k.cu:12")
-    assert steps.parse_sanitizer("no error here") == (None, None)
+    assert parse_sanitizer(old) == ("gather", "/a/k.cu:12")
+    assert parse_sanitizer(new) == ("gather", "/a/k.cu:12")
+    assert parse_sanitizer("no error here") == (None, None)
 
 
 # ---- GIN, manual mode, L0 ------------------------------------------------------------------------------------
@@ -352,7 +354,7 @@ def test_manual_mode_pauses_and_continues_on_reject_edit_and_approve(store: Stor
     rej, edited = out.attempts
     assert rej.verdict == "rejected" and "stores only to its own rank" in prompts[1]
     assert edited.source == "human" and "kBlocks = 16;" in edited.code
-    assert done.status == "passed" and blk.strip_markers(done.code) == edited_code
+    assert done.status == "passed" and markers.strip_markers(done.code) == edited_code
     props = store.proposals(fp.run_id)
     assert [p["status"] for p in props] == ["rejected", "edited", "approved"]
     assert props[1]["original_code"] == STAGE_B and "kBlocks = 16;" in props[1]["code"]
@@ -402,7 +404,7 @@ def test_cli_without_a_reachable_llm_fails_with_one_line_saying_how_to_point_it(
     monkeypatch.setenv("OPENAI_BASE_URL", f"http://127.0.0.1:{port}/v1")
     monkeypatch.setenv("OPENAI_API_KEY", "x")
     with pytest.raises(CucoError) as exc:
-        cli_fastpath(_args())
+        fastpath_command.run(_args())
     msg = str(exc.value)
     assert "\n" not in msg and "no LLM server reachable" in msg
     assert "OPENAI_BASE_URL" in msg and "OPENAI_API_KEY" in msg and "Ollama" in msg
@@ -413,11 +415,9 @@ def test_cli_reports_the_llm_error_of_a_failing_server(monkeypatch: pytest.Monke
     with FakeOpenAIServer([server_error("down", times=0)]) as srv:
         for k, v in srv.env().items():
             monkeypatch.setenv(k, v)
-        import cuco_kit.llm as llm_pkg
-
-        real = llm_pkg.OpenAICompatibleClient
-        monkeypatch.setattr(llm_pkg, "OpenAICompatibleClient", lambda cfg: real(cfg, sleep=lambda s: None))
-        rc = cli_fastpath(_args(db=str(tmp_path / "cli.db"), json=False))
+        monkeypatch.setattr(fastpath_command, "OpenAICompatibleClient",
+                            lambda cfg: OpenAICompatibleClient(cfg, sleep=lambda s: None))
+        rc = fastpath_command.run(_args(db=str(tmp_path / "cli.db"), json=False))
     assert rc == 1
     out, err = capsys.readouterr()
     assert "llm_error" in out and "OPENAI_BASE_URL" in err
@@ -425,21 +425,19 @@ def test_cli_reports_the_llm_error_of_a_failing_server(monkeypatch: pytest.Monke
         assert [c["purpose"] for c in st.llm_calls()] == ["fastpath.stage_a"]
 
 
-# ---- API context ----------------------------------------------------------------------------------------------
+# ---- NCCL API excerpts ----------------------------------------------------------------------------------------
 
-def test_api_context_is_extracted_from_the_installed_headers() -> None:
-    from cuco_kit import api_context as ac
-
+def test_api_excerpts_are_quoted_from_the_installed_headers() -> None:
     try:
-        inc = ac.nccl_include_dir()
+        inc = nccl_api.nccl_include_dir()
     except CucoError:
         pytest.skip("nvidia-nccl headers are not installed")
-    assert ac.missing_names("lsa") == [] and ac.missing_names("gin") == []
-    lsa = ac.api_context("lsa", use_disk_cache=False)
+    assert nccl_api.missing_declarations("lsa") == [] and nccl_api.missing_declarations("gin") == []
+    lsa = nccl_api.device_api_excerpts("lsa", use_disk_cache=False)
     header_line = next(ln for ln in (inc / "nccl_device" / "core.h").read_text().splitlines()
                        if "ncclDevCommCreate(" in ln)
     assert header_line.strip() in lsa  # quoted verbatim
     assert "struct ncclDevComm {" in lsa and "ncclLsaBarrierSession" in lsa and "ncclGin_BackendMask" not in lsa
-    assert ac.api_context("lsa", use_disk_cache=False) is lsa  # cached per header version
-    decls = ac.extract_declarations(inc, ["ncclGetLsaPointer"])
+    assert nccl_api.device_api_excerpts("lsa", use_disk_cache=False) is lsa  # cached per header version
+    decls = nccl_api.extract_declarations(inc, ["ncclGetLsaPointer"])
     assert [d.header for d in decls] == ["nccl_device/core.h"] and decls[0].kind == "function"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuco_kit import blocks
+from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import supported_backends
 from cuco_kit.workload import load_workload
@@ -271,23 +271,23 @@ def baseline_code(wl) -> str:
 
 
 def test_knob_block_parses_with_every_value_allowed(baseline_code):
-    knobs = {k.name: k for k in blocks.knobs(baseline_code)}
+    knobs = {k.name: k for k in markers.knobs(baseline_code)}
     assert set(knobs) == KNOBS
     assert knobs["kPlacement"].allowed == ("Placement::kSequential", "Placement::kTwoStream", "Placement::kPull")
     assert knobs["kSyncScope"].allowed == ("SyncScope::kLayer", "SyncScope::kChunk")
     assert knobs["kIssuer"].allowed == ("Issuer::kWarp", "Issuer::kCta")
     assert all(k.value in k.allowed for k in knobs.values())
-    names = [b.name for b in blocks.blocks(baseline_code)]
-    assert names[0] == blocks.KNOB_BLOCK and "kernels" in names and "schedule" in names
+    names = [b.name for b in markers.blocks(baseline_code)]
+    assert names[0] == markers.KNOB_BLOCK and "kernels" in names and "schedule" in names
 
 
 def test_baseline_and_every_knob_value_pass_l0(baseline_code):
-    report = blocks.check_candidate(baseline_code)
+    report = static_check.check_candidate(baseline_code)
     assert report.ok, report.reasons
-    for knob in blocks.knobs(baseline_code):
+    for knob in markers.knobs(baseline_code):
         for value in knob.allowed:
-            variant = blocks.set_knobs(baseline_code, {knob.name: value})
-            r = blocks.check_candidate(variant, baseline_code)
+            variant = markers.set_knobs(baseline_code, {knob.name: value})
+            r = static_check.check_candidate(variant, baseline_code)
             assert r.ok, (knob.name, value, r.reasons)
             assert r.knob_values[knob.name] == value
 
@@ -301,4 +301,4 @@ def test_sources_declare_backends_scratch_and_no_stray_knobs(wl):
         assert '"kv_stage"' in code, name  # the staging window every candidate declares (workload.stage_bytes)
         assert "CUCO_EXPORT int cuco_setup" in code and "CUCO_CHECK_ABI(ctx)" in code, name
         if name != "device_lsa.cu":
-            assert blocks.knobs(code) == [], name  # seeds carry no design space
+            assert markers.knobs(code) == [], name  # seeds carry no design space

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import blocks as B
+from cuco_kit import markers, static_check
 from cuco_kit.patch import (DiffRow, Edit, PatchError, apply_edits, apply_proposal, diff_rows, extract_code_block,
                             parse_edits, unified_diff)
 
@@ -39,8 +39,8 @@ def test_edits_inside_blocks_apply_and_pass_l0():
     new = apply_proposal(PARENT, answer)
     assert "if (st != ctx->stream) CUDA_OK" in new and "  __threadfence();" in new
     assert "__threadfence_system" not in new
-    assert B.frozen_hash(new) == B.frozen_hash(PARENT)
-    assert B.check_candidate(new, PARENT).ok
+    assert markers.frozen_hash(new) == markers.frozen_hash(PARENT)
+    assert static_check.check_candidate(new, PARENT).ok
 
 
 def test_edits_apply_in_sequence():
@@ -53,7 +53,7 @@ def test_edits_apply_in_sequence():
 def test_deleting_lines_leaves_no_blank_line():
     new = apply_edits(PARENT, [Edit("  __threadfence_system();", "")])
     assert len(new.split("\n")) == len(PARENT.split("\n")) - 1
-    assert B.check_candidate(new, PARENT).ok
+    assert static_check.check_candidate(new, PARENT).ok
 
 
 def test_search_not_found_names_the_edit():

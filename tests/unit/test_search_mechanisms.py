@@ -8,6 +8,7 @@ from collections import Counter
 
 import pytest
 
+from cuco_kit import markers
 from cuco_kit.errors import BadInput
 from cuco_kit.search import islands
 from cuco_kit.search.archive import Archive, cell_of
@@ -88,12 +89,10 @@ def test_migration_copies_each_islands_best_round_the_ring() -> None:
 
 
 def test_archive_cells_come_from_knobs_and_backend_not_tags() -> None:
-    from cuco_kit import blocks
-
     knobs, cell = cell_of(BASELINE, "symm")
     assert knobs["kPlacement"] == "Placement::kSequential"
     assert cell.startswith("backend=symm|") and "kPlacement=Placement::kSequential" in cell
-    other = blocks.set_knobs(BASELINE, {"kPlacement": "Placement::kFused"})
+    other = markers.set_knobs(BASELINE, {"kPlacement": "Placement::kFused"})
     _, cell2 = cell_of(other, "symm")
     assert cell2 != cell and "kPlacement=Placement::kFused" in cell2
     assert cell_of(BASELINE, "nccl")[1] != cell

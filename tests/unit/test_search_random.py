@@ -6,7 +6,7 @@ import itertools
 import random
 from pathlib import Path
 
-from cuco_kit import blocks
+from cuco_kit import markers, static_check
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
 from cuco_kit.search.budget import BudgetConfig
@@ -25,7 +25,7 @@ for _values in KNOB_SETS.values():
 
 
 def _values(code: str) -> dict[str, str]:
-    return {k.name: k.value for k in blocks.knobs(code)}
+    return {k.name: k.value for k in markers.knobs(code)}
 
 
 def _ctx(pop: Population, parent: ProgramView, n: int, seed: int) -> ProposalContext:
@@ -53,7 +53,7 @@ def test_random_points_are_valid_distinct_seeded_and_in_the_diff_format() -> Non
     assert _points(a) != _points(c)
     for p in a:
         assert p.source == "design_space" and "random" in p.tags and p.parent_id == 1
-        assert blocks.check_candidate(p.code, BASELINE).ok  # in-set values, frozen bytes kept
+        assert static_check.check_candidate(p.code, BASELINE).ok  # in-set values, frozen bytes kept
         assert all(v in KNOB_SETS[n] for n, v in _values(p.code).items())
         assert _values(p.code) != _values(BASELINE)
         assert p.diff.startswith("--- parent") and "+constexpr" in p.diff

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import blocks, patch
+from cuco_kit import markers, patch, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.replay import MISS_REASON, ReplayEvaluator
@@ -30,7 +30,7 @@ def _ctx(pop: Population, parent: ProgramView, n: int, parallel: int = 1, seed: 
 def _root() -> tuple[Population, ProgramView]:
     pop = Population()
     root = pop.add(ProgramView(id=1, code=BASELINE, parent_id=None, source="baseline",
-                               knobs={k.name: k.value for k in blocks.knobs(BASELINE)},
+                               knobs={k.name: k.value for k in markers.knobs(BASELINE)},
                                result={"verdict": "pass", "speedup": 1.0, "median_ms": 1.0}, fitness=1.0))
     return pop, root
 
@@ -49,10 +49,10 @@ def test_design_space_proposes_valid_values_and_crosses_placements(parallel: int
         assert len({p.code for p in props}) == len(props)  # distinct points within one ask batch
         for p in props:
             assert p.source == "design_space" and p.parent_id == 1
-            assert blocks.check_candidate(p.code, BASELINE).ok  # in-set values, frozen bytes kept
-            values = {k.name: k.value for k in blocks.knobs(p.code)}
+            assert static_check.check_candidate(p.code, BASELINE).ok  # in-set values, frozen bytes kept
+            values = {k.name: k.value for k in markers.knobs(p.code)}
             assert all(values[n] in KNOB_SETS[n] for n in KNOB_SETS)
-            assert values != {k.name: k.value for k in blocks.knobs(BASELINE)}
+            assert values != {k.name: k.value for k in markers.knobs(BASELINE)}
             assert p.diff.startswith("--- parent") and "+constexpr" in p.diff  # the one diff format
             placements.add(values["kPlacement"])
             issuers.add(values["kIssuer"])
@@ -73,7 +73,7 @@ def test_design_space_never_repeats_a_known_point_and_respects_user_constraints(
     for i in range(6):
         for p in src.propose(_ctx(pop, root, n=3, seed=i)):
             assert p.code not in seen
-            values = {k.name: k.value for k in blocks.knobs(p.code)}
+            values = {k.name: k.value for k in markers.knobs(p.code)}
             assert values["kPlacement"] != "Placement::kFused"
             seen.add(p.code)
             pop.add(ProgramView(id=len(seen) + 1, code=p.code, parent_id=1, source="design_space", knobs=values,
@@ -104,7 +104,7 @@ def test_simulated_evaluator_is_deterministic_badged_and_fails_some_combinations
     levels = set()
     for chunks in KNOB_SETS["kChunks"]:
         for placement in KNOB_SETS["kPlacement"]:
-            code = blocks.set_knobs(BASELINE, {"kChunks": chunks, "kPlacement": placement})
+            code = markers.set_knobs(BASELINE, {"kChunks": chunks, "kPlacement": placement})
             r = sim.evaluate(EvalRequest(candidate_code=code, workload_dir="x", parent_code=BASELINE))
             assert r.badge == "simulated"
             levels.add((r.level_reached, r.verdict))

@@ -1,4 +1,4 @@
-"""API context for fast-path prompts: the NCCL device-API declarations that matter for LSA / GIN code, taken
+"""NCCL device-API excerpts for the fast-path prompts: the declarations that matter for LSA / GIN code, quoted
 from the INSTALLED headers (the nvidia-nccl wheel), so the model sees the signatures the compiler will check,
 not ones remembered from another NCCL version.
 
@@ -17,7 +17,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from cuco_kit import cuda_parse as cp
 from cuco_kit.errors import CucoError
+from cuco_kit.evaluate.build import _wheel_subdir, nccl_header_version, nccl_version_string
 
 # Bump when the extraction changes, so stale disk caches are ignored.
 EXTRACTOR_VERSION = 1
@@ -52,19 +54,11 @@ class Declaration:
 
 def nccl_include_dir() -> Path:
     """The include folder of the installed nvidia-nccl wheel; CucoError when it is not installed."""
-    from cuco_kit.evaluate.build import _wheel_subdir  # one place decides where the wheel lives
-
     d = _wheel_subdir("nccl", "include")
     if d is None or not (d / "nccl.h").is_file():
         raise CucoError("NCCL headers not found: install the nvidia-nccl-cu13 wheel (pip install -e '.[gpu]'), or "
-                        "pass include_dir= to api_context()")
+                        "pass include_dir= to device_api_excerpts()")
     return d
-
-
-def header_version(include_dir: Path) -> int:
-    from cuco_kit.evaluate.build import nccl_header_version
-
-    return nccl_header_version(include_dir)
 
 
 def _headers(include_dir: Path) -> list[Path]:
@@ -85,8 +79,6 @@ def _last_name(text: str) -> str | None:
 
 def _declared(node) -> tuple[str, str] | None:  # noqa: ANN001 - tree-sitter Node
     """(name, kind) of a declaration node worth quoting, else None."""
-    from cuco_kit import cuda_parse as cp
-
     t = node.type
     if t in ("struct_specifier", "class_specifier", "enum_specifier"):
         body = node.child_by_field_name("body")
@@ -118,8 +110,6 @@ def _declared(node) -> tuple[str, str] | None:  # noqa: ANN001 - tree-sitter Nod
 def extract_declarations(include_dir: Path, names: Iterable[str]) -> list[Declaration]:
     """Every declaration of the given names in the public NCCL headers, in (header, line) order. A struct
     declared inside a template is quoted with its ``template<...>`` line."""
-    from cuco_kit import cuda_parse as cp
-
     wanted = set(names)
     out: list[Declaration] = []
     seen: set[tuple[str, int]] = set()
@@ -145,8 +135,6 @@ def extract_declarations(include_dir: Path, names: Iterable[str]) -> list[Declar
 
 
 def _render(decls: Sequence[Declaration], sections: Sequence[str], version: int) -> str:
-    from cuco_kit.evaluate.build import nccl_version_string
-
     by_name: dict[str, list[Declaration]] = {}
     for d in decls:
         by_name.setdefault(d.name, []).append(d)
@@ -187,8 +175,8 @@ def _cached(include_dir: str, version: int, sections: tuple[str, ...], use_disk:
     return text
 
 
-def api_context(backend: str = "lsa", include_dir: str | Path | None = None, *,
-                sections: Sequence[str] | None = None, use_disk_cache: bool = True) -> str:
+def device_api_excerpts(backend: str = "lsa", include_dir: str | Path | None = None, *,
+                        sections: Sequence[str] | None = None, use_disk_cache: bool = True) -> str:
     """Markdown with the declarations a ``backend`` ("lsa" or "gin") rewrite needs, quoted from the headers."""
     if sections is None:
         if backend not in BACKEND_SECTIONS:
@@ -199,10 +187,10 @@ def api_context(backend: str = "lsa", include_dir: str | Path | None = None, *,
     if unknown:
         raise CucoError(f"unknown API context section(s) {unknown}; known: {', '.join(SECTIONS)}")
     inc = Path(include_dir) if include_dir is not None else nccl_include_dir()
-    return _cached(str(inc.resolve()), header_version(inc), tuple(sections), use_disk_cache)
+    return _cached(str(inc.resolve()), nccl_header_version(inc), tuple(sections), use_disk_cache)
 
 
-def missing_names(backend: str = "lsa", include_dir: str | Path | None = None) -> list[str]:
+def missing_declarations(backend: str = "lsa", include_dir: str | Path | None = None) -> list[str]:
     """Names of the backend's sections with no declaration in the headers (a header layout change: the prompt
     then lacks them, which is worth a warning)."""
     inc = Path(include_dir) if include_dir is not None else nccl_include_dir()
@@ -211,5 +199,5 @@ def missing_names(backend: str = "lsa", include_dir: str | Path | None = None) -
     return [n for n in names if n not in found]
 
 
-__all__ = ["BACKEND_SECTIONS", "Declaration", "SECTIONS", "api_context", "extract_declarations",
-           "header_version", "missing_names", "nccl_include_dir"]
+__all__ = ["BACKEND_SECTIONS", "Declaration", "SECTIONS", "device_api_excerpts", "extract_declarations",
+           "missing_declarations", "nccl_include_dir"]

@@ -1,6 +1,6 @@
-"""The fast path: a host-collective seed -> a correct device-initiated candidate with EVOLVE blocks.
+"""The fast path's loop: a host-collective seed -> a correct device-initiated candidate with EVOLVE blocks.
 
-    analyse -> Stage A (devComm + declared scratch windows through the runtime helpers; host collectives kept)
+    analyze -> Stage A (devComm + declared scratch windows through the runtime helpers; host collectives kept)
             -> Stage B (host collectives replaced by LSA device code; or GIN, compile-only on this hardware)
             -> annotate (EVOLVE blocks + knob block; accepted only if stripping the markers gives back the
                input byte for byte, else a deterministic fallback)
@@ -10,7 +10,7 @@ present) -> judge (LLM diagnosis of a failure; the HARNESS decides pass/fail, ne
 the history of failed attempts, up to `max_attempts`. Without a GPU a stage stops after L1 and says so
 ("no GPU: L2 not evaluated"); GIN output is built and reported "unavailable to run", which is not a failure.
 
-Every step is an object a notebook can hold: `FastPath.analyse()` gives the AnalysisReport, each stage a
+Every step is an object a notebook can hold: `FastPath.analyze()` gives the AnalysisReport, each stage a
 StageOutcome with its Attempts (proposal text, code, diff, L0, build log, evaluation, diagnosis, verdict). In
 manual mode (`FastPathConfig(manual=True)`) the loop pauses before evaluating each attempt (`fp.pending`) and
 continues on `approve()`, `reject(note)` or `edit(code)`. LLM calls go through a Ledger (a hard dollar
@@ -18,21 +18,24 @@ budget); proposals, decisions, programs and evaluations go to the Store when one
 """
 from __future__ import annotations
 
-import argparse
 import json
-import socket
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generator, Iterable
-from urllib.parse import urlparse
+from typing import Any, Callable, Generator
 
-from cuco_kit import blocks as blk
-from cuco_kit import fastpath_steps as steps
+from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import EvalRequest, EvalResult
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.evaluate.build import build, for_workload, supported_backends
 from cuco_kit.evaluate.device import gpu_present
-from cuco_kit.fastpath_steps import L0Check, SanitizerReport
+from cuco_kit.fastpath import steps
+from cuco_kit.fastpath.sanitizer import SanitizerReport, has_illegal_access, sanitize
+from cuco_kit.fastpath.steps import L0Check
+from cuco_kit.llm import Ledger, LedgeredClient, LLMClient, LLMError, LLMTruncated
+from cuco_kit.patch import extract_code_block, unified_diff
+from cuco_kit.prompts import load, render
+from cuco_kit.prompts.nccl_api import device_api_excerpts
+from cuco_kit.workload import load_workload
 
 BACKENDS = ("lsa", "gin")
 STAGES = ("A", "B", "annotate")
@@ -40,9 +43,6 @@ PURPOSES = {"A": "fastpath.stage_a", "B": "fastpath.stage_b", "annotate": "fastp
             "judge": "fastpath.judge"}
 NO_GPU = "no GPU: L2 not evaluated"
 GIN_UNAVAILABLE = "GIN: built for nccl; unavailable to run here (needs RDMA NICs) - not a failure"
-LLM_HINT = ("point cuco at an OpenAI-compatible server: export OPENAI_BASE_URL=http://localhost:8000/v1 (vLLM; "
-            "Ollama: http://localhost:11434/v1, LM Studio: http://localhost:1234/v1) and OPENAI_API_KEY (any value "
-            "for a local server), and name the model with --model or CUCO_MODEL")
 
 # Verdicts of one attempt.
 #   pass          every level that can run here passed (L2 at every planned world size)
@@ -170,80 +170,14 @@ class _Decision:
 
 # ---------------------------------------------------------------------------------------------- helpers
 
-def _prompt(name: str, **values: Any) -> str:
-    try:
-        from cuco_kit.prompts import render
-    except ImportError:  # pragma: no cover - prompts/__init__ is another helper's; fall back to the files
-        import string
-        from importlib import resources
-
-        text = resources.files("cuco_kit.prompts").joinpath(f"{name}.md").read_text(encoding="utf-8")
-        return string.Template(text).substitute({k: str(v) for k, v in values.items()})
-    return render(name, **values)
-
-
-def _raw_prompt(name: str) -> str:
-    from cuco_kit.prompts import load
-
-    return load(name)
-
-
-def sanitize(evaluator: Any, request: EvalRequest, so_path: str | Path | None = None, *,
-             timeout_s: float = 300.0) -> SanitizerReport:
-    """Rerun `request` at world size 1 under compute-sanitizer to name the faulting kernel.
-
-    The rank worker belongs to the evaluator, so this asks it: `evaluator.sanitize(request)` (with
-    `so_path=` and `timeout_s=` when it takes them) returning compute-sanitizer's output as a str, a dict of
-    logs, or an EvalResult whose logs hold it. Without that hook: "sanitizer unavailable"."""
-    hook = getattr(evaluator, "sanitize", None)
-    if not callable(hook):
-        return SanitizerReport(False, message="sanitizer unavailable: the evaluator has no sanitize() hook")
-    req = EvalRequest(**{**asdict(request), "world_size": 1})
-    try:
-        try:
-            out = hook(req, so_path=so_path, timeout_s=timeout_s)
-        except TypeError:
-            out = hook(req)
-    except Exception as exc:  # the hook failing is a finding to show, not a crash of the loop
-        return SanitizerReport(False, message=f"sanitizer unavailable: {type(exc).__name__}: {exc}")
-    if isinstance(out, SanitizerReport):
-        return out
-    if isinstance(out, EvalResult):
-        text = "\n".join(f"[{k}]\n{v}" for k, v in out.logs.items())
-    elif isinstance(out, dict):
-        text = "\n".join(f"[{k}]\n{v}" for k, v in out.items())
-    else:
-        text = str(out or "")
-    kernel, loc = steps.parse_sanitizer(text)
-    msg = (f"compute-sanitizer names kernel {kernel}" + (f" at {loc}" if loc else "")) if kernel else \
-        "compute-sanitizer ran but named no faulting kernel"
-    return SanitizerReport(True, kernel, loc, text, msg)
-
-
-def check_llm_reachable(base_url: str, timeout_s: float = 3.0) -> None:
-    """Raise CucoError (one line, with the how-to) when nothing listens at the LLM server's host and port."""
-    u = urlparse(base_url)
-    host = u.hostname
-    if not host or u.scheme not in ("http", "https"):
-        raise CucoError(f"LLM server URL {base_url!r} is not an http(s) URL; {LLM_HINT}")
-    port = u.port or (443 if u.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise CucoError(f"no LLM server reachable at {base_url} ({exc.strerror or exc}); {LLM_HINT}") from None
-
-
 # ------------------------------------------------------------------------------------------------ engine
 
 class FastPath:
     """The fast path over one seed. See the module doc; `run()` does every stage."""
 
-    def __init__(self, seed_code: str, workload_dir: str | Path | None, llm: Any, evaluator: Any = None,
-                 store: Any = None, config: FastPathConfig | None = None, events: Any = None, *,
-                 builder: Callable[..., Any] | None = None, seed_name: str = "seed.cu") -> None:
-        from cuco_kit.llm import Ledger, LedgeredClient
-
+    def __init__(self, seed_code: str, workload_dir: str | Path | None, llm: LLMClient,
+                 evaluator: Evaluator | None = None, store: Any = None, config: FastPathConfig | None = None,
+                 events: Any = None, *, builder: Callable[..., Any] | None = None, seed_name: str = "seed.cu") -> None:
         if not isinstance(seed_code, str) or not seed_code.strip():
             raise BadInput("the fast path needs the seed's source text")
         self.seed_code = seed_code
@@ -265,7 +199,7 @@ class FastPath:
         else:
             self.llm = LedgeredClient(llm, Ledger(store, self.run_id, self.config.budget_dollars))
         self.ledger = self.llm.ledger
-        self.report: Any = None
+        self.report: AnalysisReport | None = None
         self.outcomes: dict[str, StageOutcome] = {}
         self.current_code = seed_code
         self.pending: Attempt | None = None
@@ -277,10 +211,8 @@ class FastPath:
                                                           source="seed", name=seed_name)
 
     # -- public steps ------------------------------------------------------------------------------------
-    def analyse(self) -> Any:
-        """The seed's communication analysis (cuco_kit.analysis.AnalysisReport)."""
-        from cuco_kit.analysis import analyze
-
+    def analyze(self) -> AnalysisReport:
+        """The seed's communication analysis."""
         if self.report is None:
             self.report = analyze(self.seed_code, self.seed_name)
             self._log(f"analysis: {len(self.report.collectives)} collective(s), {len(self.report.p2p)} "
@@ -346,8 +278,7 @@ class FastPath:
 
     # -- generators -----------------------------------------------------------------------------------------
     def _run_gen(self) -> Generator[Attempt, _Decision, FastPathResult]:
-        self.analyse()
-        feats = self.report.features()
+        feats = self.analyze().features()
         if not feats["uses_host_comm"]:
             self._log("the seed has no host NCCL communication: Stage A and B have nothing to replace")
         a = yield from self._stage_gen("A")
@@ -369,7 +300,7 @@ class FastPath:
         return FastPathResult(status, self.current_code, dict(self.outcomes), message, self.ledger.totals())
 
     def _stage_gen(self, stage: str) -> Generator[Attempt, _Decision, StageOutcome]:
-        self.analyse()
+        self.analyze()
         cfg = self.config
         stage_input = self.current_code
         outcome = StageOutcome(stage, "failed", stage_input)
@@ -453,27 +384,23 @@ class FastPath:
 
     # -- one attempt --------------------------------------------------------------------------------------
     def _messages(self, stage: str, code: str, history: list[Attempt]) -> list[dict]:
-        from cuco_kit.api_context import api_context
-
         hist = self._history_text(history)
         if stage == "annotate":
-            user = _prompt("fastpath_annotate", code=code, history=hist)
+            user = render("fastpath_annotate", code=code, history=hist)
         else:
             backend = "lsa" if stage == "A" else self.config.backend
             try:
-                ctx = api_context(backend)
+                ctx = device_api_excerpts(backend)
             except CucoError as exc:
                 ctx = f"(NCCL API context unavailable: {exc})"
             name = "fastpath_stage_a" if stage == "A" else f"fastpath_stage_b_{self.config.backend}"
-            from cuco_kit.analysis import analyze
-
             try:
                 summary = analyze(code, self.seed_name).summary()
             except BadInput as exc:
                 summary = f"(analysis failed: {exc})"
-            user = _prompt(name, analysis=summary, api_context=ctx, cookbook=_raw_prompt("cookbook"), code=code,
-                           history=hist)
-        return [{"role": "system", "content": _raw_prompt("fastpath_system")}, {"role": "user", "content": user}]
+            user = render(name, analysis=summary, api_context=ctx, cookbook=load("cookbook"), code=code,
+                          history=hist)
+        return [{"role": "system", "content": load("fastpath_system")}, {"role": "user", "content": user}]
 
     def _history_text(self, history: list[Attempt]) -> str:
         if not history:
@@ -499,9 +426,6 @@ class FastPath:
         return "\n".join(parts) + "\n"
 
     def _propose(self, stage: str, code: str, history: list[Attempt], number: int) -> Attempt:
-        from cuco_kit.llm import LLMError, LLMTruncated
-        from cuco_kit.patch import extract_code_block
-
         msgs = self._messages(stage, code, history)
         try:
             c = self.llm.complete(msgs, purpose=PURPOSES[stage], temperature=self.config.temperature,
@@ -574,16 +498,15 @@ class FastPath:
             return
         if self.evaluator is None or self.workload_dir is None:
             attempt.verdict = "pass_l1"
-            attempt.reason = f"L1 passed; L2 not evaluated ({'no evaluator' if self.evaluator is None else 'no workload'})"
+            missing = "no evaluator" if self.evaluator is None else "no workload"
+            attempt.reason = f"L1 passed; L2 not evaluated ({missing})"
             return
         if not self._has_gpu():
             attempt.verdict, attempt.reason = "pass_l1", f"L1 passed; {NO_GPU}"
             return
-        self._run_l2(attempt, code, targets)
+        self._run_l2(attempt, code, targets, self.evaluator)
 
     def _build_backends(self, code: str, attempt: Attempt) -> list[str]:
-        from cuco_kit.evaluate.build import supported_backends
-
         feats = attempt.l0.features if attempt.l0 else {}
         if attempt.stage == "B" and self.config.backend == "gin":
             return ["nccl"]
@@ -598,8 +521,6 @@ class FastPath:
     def _build(self, code: str, backend: str) -> Any:
         if self._builder is not None:
             return self._builder(code, backend, self.config.build_config, self.config.cache_dir)
-        from cuco_kit.evaluate.build import build, for_workload
-
         cfg = self.config.build_config
         if self.workload_dir is not None:
             cfg = for_workload(cfg, self.workload_dir)
@@ -613,14 +534,12 @@ class FastPath:
     def _l2_params(self) -> dict[str, int]:
         out: dict[str, int] = {}
         if self.config.size_preset and self.workload_dir:
-            from cuco_kit.workload import load_workload
-
             wl = load_workload(self.workload_dir)
             out.update(wl.size_presets.get(self.config.size_preset, {}))
         out.update(self.config.params)
         return out
 
-    def _run_l2(self, attempt: Attempt, code: str, built: list[str]) -> None:
+    def _run_l2(self, attempt: Attempt, code: str, built: list[str], evaluator: Evaluator) -> None:
         cfg = self.config
         backend = "symm" if "symm" in built else "nccl"
         params = self._l2_params()
@@ -631,7 +550,7 @@ class FastPath:
                               world_size=world, backend=backend, iters=cfg.l2_iters, warmup=1,
                               trials=cfg.l2_trials, measure_seed=False,
                               label=f"fastpath stage {attempt.stage} attempt {attempt.number}")
-            res = self.evaluator.evaluate(req)
+            res = evaluator.evaluate(req)
             res.provenance.setdefault("world_size", world)
             res.provenance.setdefault("backend", backend)
             results.append(res)
@@ -644,8 +563,8 @@ class FastPath:
                 attempt.verdict = "fail"
                 attempt.level = "L2" if res.level_reached in ("L2", "L3") else res.level_reached
                 attempt.reason = f"L2 at {world} rank(s) under {backend}: {res.verdict}: {res.reason}"
-                if steps.has_illegal_access(res.logs) or steps.has_illegal_access(res.reason):
-                    attempt.sanitizer = sanitize(self.evaluator, req, attempt.so_paths.get(backend),
+                if has_illegal_access(res.logs) or has_illegal_access(res.reason):
+                    attempt.sanitizer = sanitize(evaluator, req, attempt.so_paths.get(backend),
                                                  timeout_s=cfg.sanitize_timeout_s)
                     attempt.reason += f" [illegal memory access; {attempt.sanitizer.message}]"
                 return
@@ -674,8 +593,6 @@ class FastPath:
             attempt.reason = "L0: " + "; ".join(attempt.l0.reasons)
 
     def _judge(self, attempt: Attempt, stage_input: str) -> str:
-        from cuco_kit.llm import LLMError
-
         logs: list[str] = []
         n = self.config.log_tail_chars
         if attempt.l0 is not None and not attempt.l0.ok:
@@ -688,9 +605,9 @@ class FastPath:
                     logs.append(f"[{k}, {r.provenance.get('world_size', '?')} rank(s)] {steps.tail(v, n // 2)}")
         if attempt.sanitizer is not None:
             logs.append(f"[compute-sanitizer] {attempt.sanitizer.message}\n{steps.tail(attempt.sanitizer.log, n)}")
-        user = _prompt("fastpath_judge", stage=attempt.stage, level=attempt.level, reason=attempt.reason,
-                       logs=steps.tail("\n".join(logs) or "(none)", 2 * n),
-                       diff=steps.tail(attempt.diff, self.config.history_diff_chars) or "(no change)")
+        user = render("fastpath_judge", stage=attempt.stage, level=attempt.level, reason=attempt.reason,
+                      logs=steps.tail("\n".join(logs) or "(none)", 2 * n),
+                      diff=steps.tail(attempt.diff, self.config.history_diff_chars) or "(no change)")
         try:
             c = self.llm.complete([{"role": "user", "content": user}], purpose=PURPOSES["judge"],
                                   temperature=0.0, max_tokens=self.config.max_tokens)
@@ -771,75 +688,4 @@ class FastPath:
 
 
 def _diff(old: str, new: str) -> str:
-    from cuco_kit.patch import unified_diff
-
     return unified_diff(old, new, "input", "proposal")
-
-
-# ----------------------------------------------------------------------------------------------------- CLI
-
-def _print_summary(res: FastPathResult, out: Any = None) -> None:
-    out = out if out is not None else sys.stdout
-    print(f"fast path: {res.status}: {res.message}", file=out)
-    for stage, oc in res.outcomes.items():
-        print(f"  stage {stage}: {oc.status} ({len(oc.attempts)} attempt(s)) {oc.message}", file=out)
-        for a in oc.attempts:
-            print(f"    #{a.number} [{a.source}] {a.verdict} at {a.level or '-'}: {a.reason}", file=out)
-            if a.diagnosis:
-                print(f"      diagnosis: {a.diagnosis.splitlines()[0][:160]}", file=out)
-    t = res.ledger
-    if t:
-        print(f"  LLM: {t.get('calls', 0)} call(s), {t.get('failed', 0)} failed, "
-              f"{t.get('prompt_tokens', 0)}+{t.get('completion_tokens', 0)} tokens, ${t.get('dollars', 0):.4f}",
-              file=out)
-
-
-def cli_fastpath(args: argparse.Namespace) -> int:
-    """`cuco fastpath SEED --backend lsa|gin [--workload DIR] [--model M] [--max-attempts N] [--db PATH]
-    [--out FILE] [--json]`: 0 when the run reached its goal (as far as this machine can check), 1 otherwise."""
-    from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
-
-    seed = blk.load_source(args.seed, "seed")
-    cfg_llm = LLMConfig(model=getattr(args, "model", None) or None)
-    check_llm_reachable(cfg_llm.base_url or "")
-    client = OpenAICompatibleClient(cfg_llm)
-    workload = getattr(args, "workload", None)
-    if workload is not None and not (Path(workload) / "workload.py").is_file():
-        raise BadInput(f"--workload {workload}: not a workload directory (no workload.py)")
-    evaluator = None
-    gpu = gpu_present()
-    if workload is not None and gpu:
-        from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-
-        evaluator = GpuEvaluator()
-    store = None
-    if getattr(args, "db", None):
-        from cuco_kit.store import Store
-
-        store = Store(args.db)
-    config = FastPathConfig(backend=args.backend, max_attempts=int(args.max_attempts), gpu=gpu)
-    try:
-        fp = FastPath(seed, workload, client, evaluator, store, config, seed_name=Path(args.seed).name)
-        res = fp.run()
-    finally:
-        if evaluator is not None:
-            evaluator.close()
-        if store is not None:
-            store.close()
-    if getattr(args, "out", None) and res.ok:
-        Path(args.out).write_text(res.code, encoding="utf-8")
-    if getattr(args, "json", False):
-        print(json.dumps(res.to_dict(), indent=2))
-    else:
-        _print_summary(res)
-        if res.status == "llm_error":
-            print(f"hint: {LLM_HINT}", file=sys.stderr)
-        if not gpu:
-            print(f"note: {NO_GPU}", file=sys.stderr)
-    return 0 if res.ok else 1
-
-
-__all__: Iterable[str] = [
-    "Attempt", "BACKENDS", "FastPath", "FastPathConfig", "FastPathResult", "GIN_UNAVAILABLE", "LLM_HINT",
-    "NO_GPU", "StageOutcome", "check_llm_reachable", "cli_fastpath", "sanitize",
-]

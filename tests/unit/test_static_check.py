@@ -1,4 +1,4 @@
-"""EVOLVE markers, the knob block, frozen hashing and every L0 rejection (cuco_kit.blocks)."""
+"""Every L0 acceptance and rejection: frozen bytes, knob sets, the host-code whitelist (cuco_kit.static_check)."""
 from __future__ import annotations
 
 import re
@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import blocks as B
+from cuco_kit import markers
+from cuco_kit import static_check as S
 from cuco_kit.errors import BadInput
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "l0"
@@ -15,7 +16,7 @@ PARENT = (DATA / "parent.cu").read_text()
 
 def in_block(code: str, block: str, text: str) -> str:
     """`code` with `text` (one or more lines) inserted as the first lines of block `block`."""
-    b = next(b for b in B.blocks(code) if b.name == block)
+    b = next(b for b in markers.blocks(code) if b.name == block)
     return code[:b.start_offset] + text.rstrip("\n") + "\n" + code[b.start_offset:]
 
 
@@ -23,11 +24,11 @@ def line_of(code: str, needle: str) -> int:
     return code[:code.index(needle)].count("\n") + 1
 
 
-def check(code: str, parent: str | None = PARENT) -> B.L0Report:
-    return B.check_candidate(code, parent)
+def check(code: str, parent: str | None = PARENT) -> S.L0Report:
+    return S.check_candidate(code, parent)
 
 
-def assert_rejected(report: B.L0Report, *patterns: str, line: int | None = None) -> None:
+def assert_rejected(report: S.L0Report, *patterns: str, line: int | None = None) -> None:
     assert not report.ok
     text = "\n".join(report.reasons)
     for pattern in patterns:
@@ -38,150 +39,13 @@ def assert_rejected(report: B.L0Report, *patterns: str, line: int | None = None)
         assert any(r.startswith(f"line {line}:") for r in report.reasons), report.reasons
 
 
-# ------------------------------------------------------------------------------------------------ markers
-
-def test_blocks_are_found_with_lines_and_text():
-    found = B.blocks(PARENT)
-    assert [b.name for b in found] == ["knobs", "kernels", "step"]
-    lines = PARENT.split("\n")
-    for b in found:
-        assert "EVOLVE-BLOCK-START " + b.name in lines[b.start_line - 1]
-        assert lines[b.end_line - 1].strip() == "// EVOLVE-BLOCK-END"
-        assert PARENT[b.start_offset:b.end_offset] == b.text
-        assert b.text == "".join(line + "\n" for line in lines[b.start_line:b.end_line - 1])
-
-
-def test_marker_version_is_one():
-    assert B.MARKER_VERSION == 1
-
-
-@pytest.mark.parametrize("ending", ["\n", "\r\n"])
-@pytest.mark.parametrize("final_newline", [True, False])
-def test_strip_markers_gives_back_the_plain_code_byte_for_byte(ending, final_newline):
-    plain_lines = ["#include <x.h>", "int f() {", "  int a = 1;", "  return a;", "}", "int g();"]
-    plain = ending.join(plain_lines) + (ending if final_newline else "")
-    annotated_lines = (plain_lines[:2] + ["  // EVOLVE-BLOCK-START body"] + plain_lines[2:4]
-                       + ["  // EVOLVE-BLOCK-END"] + plain_lines[4:5] + ["// EVOLVE-BLOCK-START tail"]
-                       + plain_lines[5:] + ["// EVOLVE-BLOCK-END"])
-    annotated = ending.join(annotated_lines) + (ending if final_newline else "")
-    assert [b.name for b in B.blocks(annotated)] == ["body", "tail"]
-    assert B.strip_markers(annotated) == plain
-
-
-def test_strip_markers_of_the_sample_removes_exactly_the_marker_lines():
-    stripped = B.strip_markers(PARENT)
-    assert "EVOLVE-BLOCK" not in stripped
-    assert len(PARENT.split("\n")) - len(stripped.split("\n")) == 2 * len(B.blocks(PARENT))
-
-
-def test_empty_block_and_indented_markers():
-    code = "int a;\n    // EVOLVE-BLOCK-START e\n    // EVOLVE-BLOCK-END\nint b;\n"
-    (b,) = B.blocks(code)
-    assert (b.name, b.start_line, b.end_line, b.text) == ("e", 2, 3, "")
-
-
-@pytest.mark.parametrize("code, pattern", [
-    ("a;\n// EVOLVE-BLOCK-START x\nb;\n", r"line 2: block 'x' is never closed"),
-    ("a;\n// EVOLVE-BLOCK-END\n", r"line 2: EVOLVE-BLOCK-END without a matching"),
-    ("// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-START y\n// EVOLVE-BLOCK-END\n// EVOLVE-BLOCK-END\n",
-     r"line 2: block 'y' starts inside block 'x' \(started at line 1\); blocks do not nest"),
-    ("// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n",
-     r"line 3: block name 'x' is used twice \(first at line 1\)"),
-    ("int v; // EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n", r"line 1: .* must be alone on its line"),
-    ("// EVOLVE-BLOCK-START x\nint v; // EVOLVE-BLOCK-END\n", r"line 2: .* must be alone on its line"),
-    ("// EVOLVE-BLOCK-START x y\n// EVOLVE-BLOCK-END\n", r"line 1: .* must be alone on its line"),
-    ("// EVOLVE-BLOCK-START\n// EVOLVE-BLOCK-END\n", r"line 1: EVOLVE-BLOCK-START without a block name"),
-    ("// EVOLVE-BLOCK-START 9lives\n// EVOLVE-BLOCK-END\n", r"line 1: block name '9lives' is not an identifier"),
-])
-def test_malformed_markers_are_rejected_with_the_line(code, pattern):
-    with pytest.raises(B.MarkerError, match=pattern):
-        B.blocks(code)
-    report = B.check_candidate(code + "int z;\n")
-    assert not report.ok and report.reasons[0].startswith("markers: ")
-
-
-def test_marker_error_is_bad_input():
-    assert issubclass(B.MarkerError, BadInput)
-
-
-# ---------------------------------------------------------------------------------------------- frozen hash
-
-def test_frozen_text_keeps_markers_and_drops_block_bodies():
-    text = B.frozen_text(PARENT)
-    assert "// EVOLVE-BLOCK-START step" in text and "// EVOLVE-BLOCK-END" in text
-    assert "copy_chunk<<<" not in text  # launch sits in the step block
-    assert "CUCO_EXPORT int cuco_step" in text
-
-
-def test_frozen_hash_ignores_block_edits_and_sees_every_frozen_byte():
-    h = B.frozen_hash(PARENT)
-    assert re.fullmatch(r"[0-9a-f]{64}", h)
-    assert B.frozen_hash(in_block(PARENT, "step", "  int unused_local = 0;")) == h
-    assert B.frozen_hash(PARENT.replace("Release what", "Release  what")) == h  # no such text: unchanged
-    assert B.frozen_hash(PARENT.replace("int ceil_div(int a", "int ceil_div(int  a")) != h
-    assert B.frozen_hash(PARENT.replace("EVOLVE-BLOCK-START step", "EVOLVE-BLOCK-START steps")) != h
-    assert B.frozen_hash(PARENT + "\n") != h
-    assert B.frozen_hash(PARENT.replace("\n", "\r\n")) != h
-
-
-# ---------------------------------------------------------------------------------------------------- knobs
-
-def test_knob_block_is_parsed():
-    ks = B.knobs(PARENT)
-    assert [(k.name, k.type, k.value) for k in ks] == [
-        ("kChunks", "int", "4"), ("kThreads", "int", "256"), ("kPlacement", "Placement", "Placement::kTwoStream")]
-    assert ks[0].allowed == ("1", "2", "4", "8")
-    assert ks[2].allowed == ("Placement::kSequential", "Placement::kTwoStream", "Placement::kFused")
-    assert ks[0].line == line_of(PARENT, "constexpr int kChunks")
-
-
-def test_allowed_sets_split_on_top_level_commas_only():
-    code = ("// EVOLVE-BLOCK-START knobs\n"
-            "static constexpr Tile kTile = Tile(64, 128); // knob: {Tile(64, 128), Tile(128, 128)}\n"
-            "// EVOLVE-BLOCK-END\n")
-    (k,) = B.knobs(code)
-    assert k.allowed == ("Tile(64, 128)", "Tile(128, 128)") and k.value == "Tile(64, 128)"
-
-
-def test_set_knobs_rewrites_values_only():
-    new = B.set_knobs(PARENT, {"kChunks": 8, "kPlacement": "Placement::kFused"})
-    assert {k.name: k.value for k in B.knobs(new)} == {
-        "kChunks": "8", "kThreads": "256", "kPlacement": "Placement::kFused"}
-    changed = [(a, b) for a, b in zip(PARENT.split("\n"), new.split("\n")) if a != b]
-    assert len(changed) == 2 and len(new.split("\n")) == len(PARENT.split("\n"))
-    assert B.frozen_hash(new) == B.frozen_hash(PARENT)
-    assert B.check_candidate(new, PARENT).ok
-
-
-def test_set_knobs_validates():
-    with pytest.raises(BadInput, match=r"knob kChunks = 3 is not in its allowed set \{1, 2, 4, 8\}"):
-        B.set_knobs(PARENT, {"kChunks": 3})
-    with pytest.raises(BadInput, match=r"unknown knob 'kNope'"):
-        B.set_knobs(PARENT, {"kNope": 1})
-
-
-def test_set_knobs_formats_bools():
-    code = "// EVOLVE-BLOCK-START knobs\nconstexpr bool kFuse = false; // knob: {false, true}\n// EVOLVE-BLOCK-END\n"
-    assert "kFuse = true;" in B.set_knobs(code, {"kFuse": True})
-
-
-def test_design_cell_is_sorted_and_stable():
-    ks = B.knobs(PARENT)
-    cell = B.design_cell(ks)
-    assert cell == "kChunks=4|kPlacement=Placement::kTwoStream|kThreads=256"
-    assert B.design_cell(list(reversed(ks))) == cell
-    assert B.design_cell({"kThreads": 256, "kPlacement": "Placement::kTwoStream", "kChunks": 4}) == cell
-    assert B.design_cell({}) == "-"
-    assert B.design_cell(B.knobs(B.set_knobs(PARENT, {"kChunks": 2}))) != cell
-    assert B.check_candidate(PARENT).cell == cell
-
-
 # ------------------------------------------------------------------------------------------------- L0: pass
 
 def test_parent_against_itself_is_accepted():
     report = check(PARENT)
     assert report.ok, report.reasons
-    assert report.reasons == [] and report.frozen_hash == B.frozen_hash(PARENT)
+    assert report.reasons == [] and report.frozen_hash == markers.frozen_hash(PARENT)
+    assert report.cell == markers.design_cell(markers.knobs(PARENT))
     assert report.blocks == ["knobs", "kernels", "step"]
     assert report.knob_values["kChunks"] == "4"
     d = report.to_dict()
@@ -194,6 +58,17 @@ def test_edit_inside_a_block_is_accepted():
                           "    cudaStream_t cur = nullptr;\n    (void)cur;")
     report = check(cand)
     assert report.ok, report.reasons
+
+
+def test_a_knob_move_is_accepted():
+    assert check(markers.set_knobs(PARENT, {"kChunks": 8, "kPlacement": "Placement::kFused"})).ok
+
+
+@pytest.mark.parametrize("code", ["a;\n// EVOLVE-BLOCK-START x\nb;\n",
+                                  "// EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-START y\n// EVOLVE-BLOCK-END\n"])
+def test_malformed_markers_are_a_rejection(code):
+    report = S.check_candidate(code + "int z;\n")
+    assert not report.ok and report.reasons[0].startswith("markers: ")
 
 
 def test_allowed_host_calls_inside_blocks():
@@ -230,9 +105,9 @@ def test_frozen_code_is_not_whitelisted():
 
 def test_extra_allow_accepts_a_named_call():
     code = in_block(PARENT, "step", "  my_safe_helper(1);")
-    assert not B.check_candidate(code, PARENT).ok
-    assert B.check_candidate(code, PARENT, extra_allow=["my_safe_helper"]).ok
-    assert B.check_candidate(code, PARENT, extra_allow=["my_safe_*"]).ok
+    assert not S.check_candidate(code, PARENT).ok
+    assert S.check_candidate(code, PARENT, extra_allow=["my_safe_helper"]).ok
+    assert S.check_candidate(code, PARENT, extra_allow=["my_safe_*"]).ok
 
 
 # ------------------------------------------------------------------------------------------ L0: rejections
@@ -243,7 +118,7 @@ def test_edit_outside_a_block_is_rejected():
     report = check(cand)
     assert_rejected(report, r"frozen code \(outside EVOLVE blocks\) differs from the parent",
                     r"'cudaDeviceSynchronize\(\);' was added", line=line_of(cand, "cudaDeviceSynchronize"))
-    assert report.frozen_hash != B.frozen_hash(PARENT)
+    assert report.frozen_hash != markers.frozen_hash(PARENT)
 
 
 def test_a_single_frozen_byte_changed_is_rejected():
@@ -320,7 +195,8 @@ HOST_VIOLATIONS = [
     ("syscall", '  exit(0);', r"process/syscall call 'exit'"),
     ("dlsym", '  void* h = dlopen("libx.so", 1);', r"dynamic loading call 'dlopen'"),
     ("dlsym", '  auto fn = dlsym(nullptr, "ncclAllReduce");', r"dynamic loading call 'dlsym'"),
-    ("dlsym", '  void* ep; cudaGetDriverEntryPoint("cuMemcpy", &ep, 0);', r"dynamic loading call 'cudaGetDriverEntryPoint'"),
+    ("dlsym", '  void* ep; cudaGetDriverEntryPoint("cuMemcpy", &ep, 0);',
+     r"dynamic loading call 'cudaGetDriverEntryPoint'"),
     ("getenv", '  const char* v = getenv("NCCL_DEBUG");', r"environment call 'getenv'"),
     ("getenv", '  setenv("NCCL_PROTO", "LL", 1);', r"environment call 'setenv'"),
     ("threads", '  pthread_t th; pthread_create(&th, nullptr, nullptr, nullptr);', r"threads call 'pthread_create'"),
@@ -378,20 +254,15 @@ def test_several_violations_give_one_reason_each_in_line_order():
 # -------------------------------------------------------------------------------------------- bad input
 
 def test_non_cuda_text_is_rejected():
-    report = B.check_candidate("import os\n\ndef main():\n    print(os.getcwd())\n\nmain()\n")
+    report = S.check_candidate("import os\n\ndef main():\n    print(os.getcwd())\n\nmain()\n")
     assert not report.ok and "does not look like CUDA source" in report.reasons[0]
-    assert not B.check_candidate("   \n").ok
+    assert not S.check_candidate("   \n").ok
 
 
 def test_malformed_parent_is_bad_input():
     with pytest.raises(BadInput, match=r"parent: line \d+: block 'step' is never closed"):
-        B.check_candidate(PARENT, PARENT.replace("  // EVOLVE-BLOCK-END\n  return cudaGetLastError()",
+        S.check_candidate(PARENT, PARENT.replace("  // EVOLVE-BLOCK-END\n  return cudaGetLastError()",
                                                  "  return cudaGetLastError()"))
-
-
-def test_knobs_raises_bad_input_on_a_broken_knob_block():
-    with pytest.raises(BadInput, match=r"knob kChunks = 5 is not in its allowed set"):
-        B.knobs(PARENT.replace("kChunks = 4;", "kChunks = 5;"))
 
 
 DEVICE_HEADS = [
@@ -415,13 +286,13 @@ def _snippet(head: str) -> str:
 
 @pytest.mark.parametrize("head", DEVICE_HEADS)
 def test_device_function_heads_are_recognised(head):
-    report = B.check_candidate(_snippet(head))
+    report = S.check_candidate(_snippet(head))
     assert report.ok, report.reasons
 
 
 @pytest.mark.parametrize("head", HOST_HEADS)
 def test_host_function_heads_are_checked(head):
-    assert_rejected(B.check_candidate(_snippet(head)), r"line 5: unknown host call 'device_only_helper'",
+    assert_rejected(S.check_candidate(_snippet(head)), r"line 5: unknown host call 'device_only_helper'",
                     r"line 6: inline asm in host function 'k'")
 
 
@@ -435,11 +306,9 @@ def test_device_lambda_in_host_code_is_device_code():
 def test_unannotated_stage_output_may_carry_knob_comments_for_the_annotator():
     # A fast-path stage output has no EVOLVE blocks yet: its '// knob:' lines are what annotate gathers into the
     # knob block, so L0 does not call them misplaced. Once blocks exist, the rule applies (tests above).
-    from cuco_kit.blocks import check_candidate
-
     code = ("#include <cuda_runtime.h>\nconstexpr int kChunks = 4;  // knob: {1, 2, 4}\n"
             "__global__ void k(int* p) { p[0] = kChunks; }\n")
-    assert check_candidate(code).ok
+    assert S.check_candidate(code).ok
     annotated = "// EVOLVE-BLOCK-START body\nint x;\n// EVOLVE-BLOCK-END\n" + code
-    rep = check_candidate(annotated)
+    rep = S.check_candidate(annotated)
     assert not rep.ok and any("outside the knob block" in r for r in rep.reasons)

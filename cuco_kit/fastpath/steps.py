@@ -1,5 +1,5 @@
-"""The fast path's deterministic steps: stage L0 checks, the fallback annotator, sanitizer plumbing, log
-helpers. No LLM here; `fastpath.py` drives the loop.
+"""The fast path's deterministic steps: stage L0 checks, the annotation check, the fallback annotator, log
+tails. No LLM here; `pipeline.py` drives the loop.
 """
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuco_kit import blocks as blk
+from cuco_kit import cuda_parse as cp
+from cuco_kit import markers, static_check
+from cuco_kit.analysis import analyze
 from cuco_kit.errors import BadInput
 
-# CUDA's "illegal memory access" (cudaErrorIllegalAddress = 700) as rank logs spell it.
-ILLEGAL_ACCESS_RE = re.compile(r"illegal memory access|cudaErrorIllegalAddress|CUDA error[^\n]{0,40}\b700\b|"
-                               r"\berror(?: code)? 700\b", re.IGNORECASE)
 ABI_ENTRY_POINTS = ("cuco_setup", "cuco_step", "cuco_teardown")
 _INCLUDE_IN_BLOCK = "#include inside EVOLVE block"
 _WHOLE = "whole_file"
@@ -23,7 +22,7 @@ class L0Check:
     """Verdict of the fast path's L0 on one attempt. For stage outputs (no markers yet): the file parses, host
     calls anywhere in it are on the L0 allow-list, the ABI entry points exist and the stage's contract holds
     (Stage A keeps host collectives and creates a devComm; Stage B has no host communication and uses the
-    backend's device API). For annotations: blocks.check_candidate plus the byte-for-byte marker check."""
+    backend's device API). For annotations: static_check.check_candidate plus the byte-for-byte marker check."""
 
     ok: bool
     reasons: list[str] = field(default_factory=list)
@@ -36,28 +35,24 @@ class L0Check:
 def whole_file_whitelist(code: str) -> list[str]:
     """L0's host-call allow-list applied to every line of a file without markers (an LLM wrote all of it)."""
     lines = code.split("\n")
-    whole = blk.Block(_WHOLE, 0, len(lines) + 1, code, 0, len(code))
-    # _whitelist_problems is blocks' own checker; reusing it keeps one allow-list for both uses.
-    problems = blk._whitelist_problems(code, [whole])
+    whole = markers.Block(_WHOLE, 0, len(lines) + 1, code, 0, len(code))
+    # One block over the whole file: the same checker as for candidates, so one allow-list serves both uses.
+    problems = static_check.whitelist_problems(code, [whole])
     where = f"inside EVOLVE block {_WHOLE!r}"
     return [p.replace(where, "in the file") for p in problems if _INCLUDE_IN_BLOCK not in p]
 
 
 def defined_functions(code: str) -> set[str]:
-    from cuco_kit import cuda_parse as cp
-
     return {cp.function_name(n) for n in cp.walk(cp.parse(code).root_node) if n.type == "function_definition"}
 
 
 def check_stage_output(code: str, stage: str, backend: str, seed_report: Any | None = None) -> L0Check:
     """L0 for a Stage A / Stage B output (see L0Check)."""
-    from cuco_kit.analysis import analyze
-
-    problem = blk.source_problem(code)
+    problem = static_check.source_problem(code)
     if problem is not None:
         return L0Check(False, [f"the answer's code {problem}"])
     reasons: list[str] = []
-    if blk.START_MARKER in code or blk.END_MARKER in code:
+    if markers.START_MARKER in code or markers.END_MARKER in code:
         reasons.append("EVOLVE markers belong to the annotate step; remove them from this stage's output")
     reasons += whole_file_whitelist(code)
     missing = [f for f in ABI_ENTRY_POINTS if f not in defined_functions(code)]
@@ -107,12 +102,12 @@ def first_difference(a: str, b: str) -> str:
 
 def check_annotation(annotated: str, original: str) -> L0Check:
     """Accept an annotation only if removing its markers gives back `original` byte for byte, it has at least
-    one block, and blocks.check_candidate accepts it (markers well formed, knobs only in the knob block,
+    one block, and static_check.check_candidate accepts it (markers well formed, knobs only in the knob block,
     host calls inside blocks on the allow-list)."""
     try:
-        stripped = blk.strip_markers(annotated)
-        found = blk.blocks(annotated)
-    except blk.MarkerError as exc:
+        stripped = markers.strip_markers(annotated)
+        found = markers.blocks(annotated)
+    except markers.MarkerError as exc:
         return L0Check(False, [f"markers: {exc}"])
     reasons: list[str] = []
     if stripped != original:
@@ -121,7 +116,7 @@ def check_annotation(annotated: str, original: str) -> L0Check:
     if not found:
         reasons.append("no EVOLVE block was added")
     if not reasons:
-        rep = blk.check_candidate(annotated)
+        rep = static_check.check_candidate(annotated)
         reasons += rep.reasons
         return L0Check(rep.ok and not reasons, reasons, {"blocks": rep.blocks, "knobs": rep.knob_values})
     return L0Check(False, reasons)
@@ -144,8 +139,6 @@ def _byte_col_to_char(line: str, col: int) -> int:
 def fallback_annotate(code: str) -> tuple[str, list[str]]:
     """Wrap the knob lines in `knobs`, every __global__ kernel in `kernel_<name>` and cuco_step's body in
     `step`, inserting marker lines only. Returns (annotated code, notes on what could not be wrapped)."""
-    from cuco_kit import cuda_parse as cp
-
     lines = code.split("\n")
     regions: list[tuple[int, int, str]] = []  # (first row, last row) inclusive, 0-based, name
     notes: list[str] = []
@@ -176,7 +169,7 @@ def fallback_annotate(code: str) -> tuple[str, list[str]]:
                 notes.append("cuco_step's braces share lines with its body; body not wrapped")
             else:
                 regions.append((br + 1, bend - 1, "step"))
-    knob_rows = [i for i, line in enumerate(lines) if blk._KNOB_LIKE_RE.search(line)]
+    knob_rows = [i for i, line in enumerate(lines) if markers.is_knob_declaration(line)]
     if knob_rows:
         runs: list[list[int]] = [[knob_rows[0]]]
         for r in knob_rows[1:]:
@@ -185,7 +178,7 @@ def fallback_annotate(code: str) -> tuple[str, list[str]]:
             else:
                 runs.append([r])
         if len(runs) == 1:
-            regions.append((runs[0][0], runs[0][-1], blk.KNOB_BLOCK))
+            regions.append((runs[0][0], runs[0][-1], markers.KNOB_BLOCK))
         else:
             notes.append(f"knob lines are in {len(runs)} separate groups (lines "
                          f"{', '.join(str(r[0] + 1) for r in runs)}); a knob block must hold them all, so none "
@@ -203,10 +196,10 @@ def fallback_annotate(code: str) -> tuple[str, list[str]]:
     for i, line in enumerate(lines):
         indent = re.match(r"[ \t]*", line).group(0) if i in starts else ""
         if i in starts:
-            out.append(f"{indent}// {blk.START_MARKER} {starts[i]}")
+            out.append(f"{indent}// {markers.START_MARKER} {starts[i]}")
         out.append(line)
         if i in ends:
-            out.append(f"{indent if i in starts else _indent_of(lines, i, kept)}// {blk.END_MARKER}")
+            out.append(f"{indent if i in starts else _indent_of(lines, i, kept)}// {markers.END_MARKER}")
     return "\n".join(out), notes
 
 
@@ -217,54 +210,7 @@ def _indent_of(lines: list[str], end_row: int, regions: list[tuple[int, int, str
     return ""
 
 
-# ---- sanitizer ------------------------------------------------------------------------------------------
-
-@dataclass
-class SanitizerReport:
-    """What compute-sanitizer said about one world-size-1 rerun. available False: no hook or no tool."""
-
-    available: bool
-    kernel: str | None = None
-    location: str | None = None
-    log: str = ""
-    message: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"available": self.available, "kernel": self.kernel, "location": self.location,
-                "message": self.message, "log": self.log[-4000:]}
-
-
-# compute-sanitizer spells the faulting frame two ways depending on the version:
-#   "=========     at 0x70 in /tmp/x.cu:5:kern(int *)"    and    "=========     at kern(int *)+0x70 in /tmp/x.cu:5"
-_SAN_ERR = re.compile(r"=+\s+(Invalid __global__ (?:read|write)[^\n]*|Out-of-range[^\n]*|"
-                      r"Misaligned[^\n]*|Program hit [^\n]*|Barrier error[^\n]*)")
-_SAN_AT_OLD = re.compile(r"=+\s+at 0x[0-9a-fA-F]+ in (?P<loc>[^\n]*?):(?P<fn>[A-Za-z_~][^\n(]*)\(")
-_SAN_AT_NEW = re.compile(r"=+\s+at (?P<fn>[A-Za-z_~][^\n(]*)\([^\n]*?\)(?:\+0x[0-9a-fA-F]+)?(?: in (?P<loc>\S+))?")
-
-
-def parse_sanitizer(log: str) -> tuple[str | None, str | None]:
-    """(faulting kernel, file:line) from compute-sanitizer's output; None where it names none."""
-    m = _SAN_ERR.search(log)
-    tail = log[m.end():] if m else log
-    for pat in (_SAN_AT_OLD, _SAN_AT_NEW):
-        a = pat.search(tail)
-        if a:
-            fn = a.group("fn").strip()
-            fn = re.sub(r"^(?:void|__global__)\s+", "", fn)
-            return fn or None, (a.group("loc") or None)
-    return None, None
-
-
-def has_illegal_access(texts: Any) -> bool:
-    """True when any log text (a str, or a dict/list of them) reports an illegal memory access."""
-    if isinstance(texts, str):
-        return bool(ILLEGAL_ACCESS_RE.search(texts))
-    if isinstance(texts, dict):
-        return any(has_illegal_access(v) for v in texts.values())
-    if isinstance(texts, (list, tuple)):
-        return any(has_illegal_access(v) for v in texts)
-    return False
-
+# ---- logs ------------------------------------------------------------------------------------------------
 
 def tail(text: str, n: int) -> str:
     return text if len(text) <= n else "...\n" + text[-n:]

@@ -1,80 +1,29 @@
-"""EVOLVE blocks, the knob block, frozen-region hashing and the L0 static check (docs/contracts.md, marker v1).
+"""The L0 static check: the sandbox policy a candidate's EVOLVE blocks must keep (docs/contracts.md, marker v1).
 
-A candidate's mutable code sits between ``// EVOLVE-BLOCK-START <name>`` and ``// EVOLVE-BLOCK-END`` lines.
-Every byte outside the blocks (marker lines included) is frozen: its sha256 must equal the parent's. The block
-named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed set in a ``// knob: {...}`` comment.
-
-L0 (`check_candidate`) rejects a candidate whose markers are malformed, whose frozen bytes differ from the
-parent's, whose knobs are outside the knob block, outside their allowed sets or re-declared with another set
-than the parent's, or whose host code inside blocks calls something outside the allow-list (found with
-tree-sitter; see `HOST_CALL_ALLOW`). Code outside blocks is not checked: it is byte-identical to the parent's,
-which a person accepted.
+`check_candidate` rejects a candidate whose markers are malformed, whose frozen bytes differ from the parent's,
+whose knobs are outside the knob block, outside their allowed sets or re-declared with another set than the
+parent's, or whose host code inside blocks calls something outside the allow-list (found with tree-sitter; see
+`HOST_CALL_ALLOW` and `HOST_CALL_DENY`). Code outside blocks is not checked: it is byte-identical to the
+parent's, which a person accepted. The marker contract itself (blocks, knobs, frozen hash) is `cuco_kit.markers`.
 """
 from __future__ import annotations
 
-import argparse
 import difflib
-import hashlib
-import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Mapping
+from typing import Iterable
 
+from cuco_kit import cuda_parse
 from cuco_kit.errors import BadInput
+from cuco_kit.markers import (MARKER_VERSION, Block, Knob, MarkerError, block_at, blocks, design_cell, frozen_hash,
+                              frozen_lines, scan_knobs)
 
-if TYPE_CHECKING:
-    from cuco_kit import cuda_parse
-
-MARKER_VERSION = 1
-KNOB_BLOCK = "knobs"
-
-START_MARKER = _START = "EVOLVE-BLOCK-START"
-END_MARKER = _END = "EVOLVE-BLOCK-END"
-_START_RE = re.compile(r"^[ \t]*//[ \t]*EVOLVE-BLOCK-START(?:[ \t]+(?P<name>\S+))?[ \t]*\r?$")
-_END_RE = re.compile(r"^[ \t]*//[ \t]*EVOLVE-BLOCK-END[ \t]*\r?$")
-_IDENT_RE = re.compile(r"^[A-Za-z_]\w*$")
-_KNOB_RE = re.compile(
-    r"^[ \t]*(?:static[ \t]+)?constexpr[ \t]+(?P<type>[^=;]+?)[ \t]+(?P<name>[A-Za-z_]\w*)[ \t]*="
-    r"[ \t]*(?P<value>[^;]+?)[ \t]*;[ \t]*//[ \t]*knob:[ \t]*\{(?P<allowed>.*)\}[ \t]*\r?$")
-# A knob-looking line: what the contract calls a knob declaration (constexpr carrying `// knob:`).
-_KNOB_LIKE_RE = re.compile(r"\bconstexpr\b.*//[ \t]*knob:")
-_COMMENT_RE = re.compile(r"^[ \t]*(//.*|/\*.*\*/[ \t]*)?\r?$")
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import)\b")
 
 # Share of a text tree-sitter may fail to parse before it is called "not CUDA". Heavy CUB headers stay under
 # 0.2; Python, Markdown and TOML land above 0.25.
 _MAX_ERROR_FRACTION = 0.25
-
-
-class MarkerError(BadInput):
-    """EVOLVE markers are not well formed (unbalanced, nested, duplicated, not alone on their line)."""
-
-
-@dataclass(frozen=True)
-class Block:
-    """One EVOLVE block. start_line/end_line: 1-based lines of its START and END markers. text: the code between
-    the markers (each line with its newline). start_offset/end_offset: character offsets of that code in the
-    file, so `code[start_offset:end_offset] == text`."""
-
-    name: str
-    start_line: int
-    end_line: int
-    text: str
-    start_offset: int = 0
-    end_offset: int = 0
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One knob of the knob block. value and allowed are source tokens (strings); line is 1-based."""
-
-    name: str
-    type: str
-    value: str
-    allowed: tuple[str, ...]
-    line: int
 
 
 @dataclass
@@ -106,193 +55,6 @@ class L0Report:
             "knob_sets": {k.name: list(k.allowed) for k in self.knobs},
             "cell": self.cell,
         }
-
-
-# --------------------------------------------------------------------------------------------------- markers
-
-def _line_offsets(lines: list[str]) -> list[int]:
-    offsets, pos = [], 0
-    for line in lines:
-        offsets.append(pos)
-        pos += len(line) + 1
-    return offsets
-
-
-def blocks(code: str) -> list[Block]:
-    """The EVOLVE blocks of `code`, in file order. Raises MarkerError when the markers are not well formed."""
-    lines = code.split("\n")
-    offsets = _line_offsets(lines)
-    found: list[Block] = []
-    seen: dict[str, int] = {}
-    open_name: str | None = None
-    open_line = 0
-    for i, line in enumerate(lines):
-        no = i + 1
-        if _START in line:
-            m = _START_RE.match(line)
-            if m is None:
-                raise MarkerError(f"line {no}: '// {_START} <name>' must be alone on its line")
-            name = m.group("name")
-            if not name:
-                raise MarkerError(f"line {no}: {_START} without a block name (write '// {_START} <name>')")
-            if not _IDENT_RE.match(name):
-                raise MarkerError(f"line {no}: block name {name!r} is not an identifier")
-            if open_name is not None:
-                raise MarkerError(f"line {no}: block {name!r} starts inside block {open_name!r} (started at line "
-                                  f"{open_line}); blocks do not nest, close it with '// {_END}' first")
-            if name in seen:
-                raise MarkerError(f"line {no}: block name {name!r} is used twice (first at line {seen[name]})")
-            seen[name] = no
-            open_name, open_line = name, no
-        elif _END in line:
-            if _END_RE.match(line) is None:
-                raise MarkerError(f"line {no}: '// {_END}' must be alone on its line")
-            if open_name is None:
-                raise MarkerError(f"line {no}: {_END} without a matching {_START}")
-            start = offsets[open_line] if open_line < len(lines) else len(code)
-            end = offsets[i]
-            found.append(Block(open_name, open_line, no, code[start:end], start, end))
-            open_name = None
-    if open_name is not None:
-        raise MarkerError(f"line {open_line}: block {open_name!r} is never closed (add '// {_END}')")
-    return found
-
-
-def _frozen_lines(code: str, blks: list[Block]) -> list[tuple[int, str]]:
-    """(1-based line number, text) of every frozen line: outside blocks, marker lines included."""
-    inside: set[int] = set()
-    for b in blks:
-        inside.update(range(b.start_line + 1, b.end_line))
-    return [(i + 1, line) for i, line in enumerate(code.split("\n")) if i + 1 not in inside]
-
-
-def frozen_text(code: str) -> str:
-    """Everything outside the EVOLVE blocks, marker lines included, joined with newlines (byte-exact)."""
-    return "\n".join(line for _, line in _frozen_lines(code, blocks(code)))
-
-
-def frozen_hash(code: str) -> str:
-    """sha256 (hex) of `frozen_text(code)` in UTF-8."""
-    return hashlib.sha256(frozen_text(code).encode("utf-8")).hexdigest()
-
-
-def strip_markers(code: str) -> str:
-    """`code` without its marker lines: the unannotated source, byte for byte."""
-    lines = code.split("\n")
-    marker_lines = set()
-    for b in blocks(code):
-        marker_lines.update((b.start_line, b.end_line))
-    kept = [line for i, line in enumerate(lines) if i + 1 not in marker_lines]
-    # A marker on the last line without a newline took the previous line's "\r\n": drop its "\r" too.
-    if len(lines) in marker_lines and kept and kept[-1].endswith("\r"):
-        kept[-1] = kept[-1][:-1]
-    return "\n".join(kept)
-
-
-# ----------------------------------------------------------------------------------------------------- knobs
-
-def _split_allowed(text: str) -> tuple[str, ...]:
-    """Split a knob's allowed set on top-level commas (commas inside (), [] or {} belong to a value)."""
-    items, depth, cur = [], 0, []
-    for ch in text:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append("".join(cur).strip())
-            cur = []
-        else:
-            cur.append(ch)
-    items.append("".join(cur).strip())
-    out: list[str] = []
-    for item in items:
-        if item and item not in out:
-            out.append(item)
-    return tuple(out)
-
-
-def _scan_knobs(code: str, blks: list[Block]) -> tuple[list[Knob], list[str]]:
-    """Knobs of the knob block and one problem line per violation of the knob contract."""
-    knobs: list[Knob] = []
-    problems: list[str] = []
-    kb = next((b for b in blks if b.name == KNOB_BLOCK), None)
-    knob_lines = set(range(kb.start_line + 1, kb.end_line)) if kb else set()
-    for i, line in enumerate(code.split("\n")):
-        no = i + 1
-        if no in knob_lines:
-            m = _KNOB_RE.match(line)
-            if m is None:
-                if _COMMENT_RE.match(line):
-                    continue
-                what = "a constexpr without '// knob: {a, b, ...}'" if "constexpr" in line else "not a knob"
-                problems.append(f"line {no}: {what} in the knob block: {line.strip()[:80]!r} (the knob block "
-                                f"holds only 'constexpr <type> NAME = VALUE; // knob: {{a, b}}' lines and comments)")
-                continue
-            name, value = m.group("name"), m.group("value").strip()
-            allowed = _split_allowed(m.group("allowed"))
-            if not allowed:
-                problems.append(f"line {no}: knob {name} has an empty allowed set")
-            elif value not in allowed:
-                problems.append(f"line {no}: knob {name} = {value} is not in its allowed set "
-                                f"{{{', '.join(allowed)}}}")
-            if any(k.name == name for k in knobs):
-                problems.append(f"line {no}: knob {name} is declared twice in the knob block")
-                continue
-            knobs.append(Knob(name, " ".join(m.group("type").split()), value, allowed, no))
-        elif blks and _KNOB_LIKE_RE.search(line):
-            # Only an annotated file (one with EVOLVE blocks) has a knob block to belong to; in a fast-path stage
-            # output, '// knob:' lines are what the annotate step gathers into it.
-            m = _KNOB_RE.match(line)
-            name = m.group("name") if m else line.strip()[:60]
-            where = f"block {_block_at(blks, no).name!r}" if _block_at(blks, no) else "frozen code"
-            problems.append(f"line {no}: knob declaration {name} outside the knob block (in {where}); knobs "
-                            f"belong in '// {_START} {KNOB_BLOCK}'")
-    return knobs, problems
-
-
-def knobs(code: str) -> list[Knob]:
-    """The knobs of the knob block. Raises BadInput (MarkerError for markers) when the contract is broken."""
-    found, problems = _scan_knobs(code, blocks(code))
-    if problems:
-        raise BadInput(problems[0])
-    return found
-
-
-def _format_value(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value).strip()
-
-
-def set_knobs(code: str, values: Mapping[str, object]) -> str:
-    """`code` with the named knobs set to new values (each must be in the knob's allowed set); every other byte
-    is kept. Raises BadInput naming an unknown knob or a value outside its set."""
-    by_name = {k.name: k for k in knobs(code)}
-    lines = code.split("\n")
-    for name, raw in values.items():
-        knob = by_name.get(name)
-        if knob is None:
-            raise BadInput(f"unknown knob {name!r}; knobs: {', '.join(sorted(by_name)) or '(none)'}")
-        value = _format_value(raw)
-        if value not in knob.allowed:
-            raise BadInput(f"knob {name} = {value} is not in its allowed set {{{', '.join(knob.allowed)}}}")
-        line = lines[knob.line - 1]
-        m = _KNOB_RE.match(line)
-        assert m is not None  # knobs() matched this very line
-        lines[knob.line - 1] = line[:m.start("value")] + value + line[m.end("value"):]
-    return "\n".join(lines)
-
-
-def design_cell(knob_values: Iterable[Knob] | Mapping[str, object]) -> str:
-    """A stable archive key from knob values: every knob, sorted by name, as `name=value` joined with `|`
-    ("-" when there are none). All knobs count as structural: the contract makes structural variants
-    (placement, sync scope, issuer, chunking) knobs, and telling them apart by name would be guesswork."""
-    if isinstance(knob_values, Mapping):
-        pairs = {str(k): _format_value(v) for k, v in knob_values.items()}
-    else:
-        pairs = {k.name: k.value for k in knob_values}
-    return "|".join(f"{k}={pairs[k]}" for k in sorted(pairs)) or "-"
 
 
 # ------------------------------------------------------------------------------------------- host whitelist
@@ -373,16 +135,8 @@ _CONSOLE_STREAM_ARG = {"fprintf": 0, "vfprintf": 0, "fflush": 0, "fputs": -1, "f
 _CONSOLE_STREAMS = frozenset({"stderr", "stdout"})
 
 
-def _block_at(blks: list[Block], line: int) -> Block | None:
-    for b in blks:
-        if b.start_line < line < b.end_line:
-            return b
-    return None
-
-
 def _defined_names(tree: cuda_parse.Tree) -> set[str]:
     """Functions, lambdas bound to names, types and macros defined in the file (qualified and last part)."""
-    from cuco_kit import cuda_parse
     names: set[str] = set()
 
     def add(text: str) -> None:
@@ -413,7 +167,6 @@ def _defined_names(tree: cuda_parse.Tree) -> set[str]:
 
 
 def _console_stream_ok(call: cuda_parse.Call) -> bool:
-    from cuco_kit import cuda_parse
     pos = _CONSOLE_STREAM_ARG.get(call.name.split("::")[-1])
     if pos is None:
         return False
@@ -444,10 +197,8 @@ def _deny_category(name: str) -> str | None:
 _WORD_RE = re.compile(r"[A-Za-z_]\w*")
 
 
-def _whitelist_problems(code: str, blks: list[Block], extra_allow: Iterable[str] = ()) -> list[str]:
-    """One problem line per forbidden or unknown thing in host code inside EVOLVE blocks."""
-    # Imported here so markers, knobs and cells work where tree-sitter is not installed (the GPU image).
-    from cuco_kit import cuda_parse
+def whitelist_problems(code: str, blks: list[Block], extra_allow: Iterable[str] = ()) -> list[str]:
+    """One problem line per forbidden or unknown thing in host code inside the blocks `blks` of `code`."""
     if not blks:
         return []
     extra = frozenset(extra_allow)
@@ -467,7 +218,7 @@ def _whitelist_problems(code: str, blks: list[Block], extra_allow: Iterable[str]
     defined = _defined_names(tree)
     dev_macros = cuda_parse.device_macros(tree)
     for call in cuda_parse.iter_calls(tree):
-        blk = _block_at(blks, call.line)
+        blk = block_at(blks, call.line)
         if blk is None or call.device or call.kind in ("launch", "lambda", "member"):
             continue
         where = f"in host code inside EVOLVE block {blk.name!r}"
@@ -482,11 +233,11 @@ def _whitelist_problems(code: str, blks: list[Block], extra_allow: Iterable[str]
             report(call.line, call.name.split("::")[-1], f"{category} call {call.name!r} {where} is not allowed")
         elif not _call_allowed(call.name, defined, extra):
             report(call.line, call.name, f"unknown host call {call.name!r} {where}: not on the L0 allow-list (a "
-                                         "person may add it to cuco_kit.blocks.HOST_CALL_ALLOW if it is safe)")
+                                         "person may add it to cuco_kit.static_check.HOST_CALL_ALLOW if it is safe)")
 
     for node in cuda_parse.walk(tree.root_node):
         line = node.start_point.row + 1
-        blk = _block_at(blks, line)
+        blk = block_at(blks, line)
         if blk is None:
             continue
         t = node.type
@@ -539,7 +290,6 @@ def source_problem(code: str) -> str | None:
         return "is binary, not CUDA source"
     if ";" not in code:
         return "does not look like CUDA source (no ';' anywhere)"
-    from cuco_kit import cuda_parse
     frac = cuda_parse.error_fraction(cuda_parse.parse(code))
     if frac > _MAX_ERROR_FRACTION:
         return f"does not look like CUDA source (tree-sitter-cuda cannot parse {frac:.0%} of it)"
@@ -552,7 +302,7 @@ def _clip(text: str, n: int = 70) -> str:
 
 
 def _frozen_diff(code: str, blks: list[Block], parent: str, pblks: list[Block], limit: int = 5) -> list[str]:
-    mine, theirs = _frozen_lines(code, blks), _frozen_lines(parent, pblks)
+    mine, theirs = frozen_lines(code, blks), frozen_lines(parent, pblks)
     sm = difflib.SequenceMatcher(a=[t for _, t in theirs], b=[t for _, t in mine], autojunk=False)
     out: list[str] = []
     hunks = [op for op in sm.get_opcodes() if op[0] != "equal"]
@@ -602,25 +352,24 @@ def check_candidate(code: str, parent_code: str | None = None, *, extra_allow: I
     except MarkerError as exc:
         return L0Report(False, [f"markers: {exc}"])
     reasons: list[str] = []
-    cand_knobs, knob_problems = _scan_knobs(code, blks)
-    fhash = hashlib.sha256("\n".join(t for _, t in _frozen_lines(code, blks)).encode("utf-8")).hexdigest()
+    cand_knobs, knob_problems = scan_knobs(code, blks)
+    fhash = frozen_hash(code)
     if parent_code is not None:
         try:
             pblks = blocks(parent_code)
         except MarkerError as exc:
             raise BadInput(f"parent: {exc}") from None
-        ptext = "\n".join(t for _, t in _frozen_lines(parent_code, pblks))
-        if hashlib.sha256(ptext.encode("utf-8")).hexdigest() != fhash:
+        if frozen_hash(parent_code) != fhash:
             reasons += _frozen_diff(code, blks, parent_code, pblks)
-        parent_knobs, _ = _scan_knobs(parent_code, pblks)
+        parent_knobs, _ = scan_knobs(parent_code, pblks)
         if not knob_problems:
             reasons += _knob_set_problems(cand_knobs, parent_knobs)
     reasons += knob_problems
-    reasons += _whitelist_problems(code, blks, extra_allow)
+    reasons += whitelist_problems(code, blks, extra_allow)
     return L0Report(not reasons, reasons, cand_knobs, fhash, [b.name for b in blks])
 
 
-# ------------------------------------------------------------------------------------------------------ CLI
+# ---------------------------------------------------------------------------------------------- source files
 
 def load_source(path: str | Path, what: str = "candidate") -> str:
     """Read a CUDA source file for the CLI; anything unusable raises BadInput with one line naming it."""
@@ -644,20 +393,3 @@ def load_source(path: str | Path, what: str = "candidate") -> str:
     except MarkerError as exc:
         raise BadInput(f"{what} {p}: {exc}") from None
     return text
-
-
-def cli_check(args: argparse.Namespace) -> int:
-    """`cuco check CANDIDATE [--parent PARENT] [--json]`: 0 accepted, 1 rejected (reasons printed)."""
-    code = load_source(args.candidate, "candidate")
-    parent = load_source(args.parent, "parent") if getattr(args, "parent", None) else None
-    report = check_candidate(code, parent)
-    if getattr(args, "json", False):
-        print(json.dumps(report.to_dict(), indent=2))
-    elif report.ok:
-        print(f"accepted: {len(report.blocks)} EVOLVE block(s), cell {report.cell}, frozen sha256 "
-              f"{report.frozen_hash}")
-    else:
-        print(f"rejected ({len(report.reasons)} reason(s)):", file=sys.stderr)
-        for reason in report.reasons:
-            print(f"  {reason}", file=sys.stderr)
-    return 0 if report.ok else 1

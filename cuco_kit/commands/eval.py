@@ -1,7 +1,7 @@
 """`cuco eval CANDIDATE --workload DIR --ranks N --backend nccl|symm [--size M=..] [--iters] [--db] [--json]`.
 
 Runs the cascade. Without a GPU it runs L0 and L1 and says which levels it could not run; it never makes up a
-number.
+number. On a terminal, a progress bar on stderr follows the cascade level by level.
 """
 from __future__ import annotations
 
@@ -9,9 +9,27 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+
+from tqdm import tqdm
 
 from cuco_kit.errors import BadInput
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult
+from cuco_kit.store import Store
+from cuco_kit.workload import load_workload, parse_overrides
+
+HELP = "evaluate a candidate (L0-L3) on N ranks"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("candidate", help="candidate .cu file")
+    parser.add_argument("--workload", required=True, help="workload directory (sample_kernels/<name>)")
+    parser.add_argument("--ranks", type=int, default=1)
+    parser.add_argument("--backend", choices=["nccl", "symm"], default="nccl")
+    parser.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a workload parameter (repeatable)")
+    parser.add_argument("--iters", type=int, default=20, help="timed iterations")
+    parser.add_argument("--db", help="store the outcome in this SQLite database")
+    parser.add_argument("--json", action="store_true")
 
 
 def _read(path: str, what: str) -> str:
@@ -22,13 +40,11 @@ def _read(path: str, what: str) -> str:
         raise BadInput(f"{what} {p}: cannot read ({exc.strerror})") from None
 
 
-def _store(db: str, req: Any, result: Any, workload_name: str) -> int:
-    from cuco_kit.store import Store
-
+def _store(db: str, req: EvalRequest, result: EvalResult, workload_name: str) -> int:
     st = Store(db)
     try:
-        run = st.create_run(workload=workload_name, config={"command": "cuco eval", "request": json.loads(req.to_json())},
-                            seed=req.seed, badge=result.badge)
+        config = {"command": "cuco eval", "request": json.loads(req.to_json())}
+        run = st.create_run(workload=workload_name, config=config, seed=req.seed, badge=result.badge)
         prog = st.add_program(run_id=run, code=req.candidate_code, parent_id=None, source="human",
                               name=req.label or "cuco eval")
         ev = st.start_evaluation(prog, world_size=req.world_size, backend=req.backend, badge=result.badge,
@@ -39,18 +55,17 @@ def _store(db: str, req: Any, result: Any, workload_name: str) -> int:
         st.close()
 
 
-def _levels_run(res: Any) -> tuple[list[str], list[str]]:
-    order = ["L0", "L1", "L2", "L3"]
+def _levels_run(res: EvalResult) -> tuple[list[str], list[str]]:
+    order: list[str] = list(LEVELS)
     reached = order.index(res.level_reached)
     if res.verdict == "unavailable":
         return order[: reached + 1], order[reached + 1:]
     return order[: reached + 1], []
 
 
-def cli_eval(args: argparse.Namespace) -> int:
-    from cuco_kit.evaluate.api import EvalRequest
+def run(args: argparse.Namespace) -> int:
+    # The GPU evaluator imports torch: only this command pays for it.
     from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-    from cuco_kit.workload import load_workload, parse_overrides
 
     code = _read(args.candidate, "candidate")
     wl = load_workload(args.workload)
@@ -62,18 +77,23 @@ def cli_eval(args: argparse.Namespace) -> int:
         raise BadInput(f"--iters {args.iters}: must be >= 1")
     req = EvalRequest(candidate_code=code, workload_dir=str(Path(args.workload).resolve()), params=params,
                       world_size=args.ranks, backend=args.backend, iters=args.iters, label=Path(args.candidate).name)
-    events: list[dict] = []
+    bar = tqdm(total=len(LEVELS), unit="level", desc=Path(args.candidate).name, file=sys.stderr, leave=False,
+               disable=args.json or not sys.stderr.isatty())
 
     def progress(ev: dict) -> None:
-        events.append(ev)
+        level = ev.get("level")
+        if level in LEVELS:
+            bar.update(max(0, LEVELS.index(level) - bar.n))  # the levels before this one are done
+            bar.set_postfix_str(f"{level} {ev.get('step')} {ev.get('done')}/{ev.get('total')}")
         if not args.json and ev.get("rank") in (None, 0) and ev.get("done") == ev.get("total"):
-            print(f"  {ev.get('level')} {ev.get('step')} done", file=sys.stderr, flush=True)
+            tqdm.write(f"  {ev.get('level')} {ev.get('step')} done", file=sys.stderr)
 
     ev = GpuEvaluator()
     try:
         res = ev.evaluate(req, progress)
     finally:
         ev.close()
+        bar.close()
     ran, not_run = _levels_run(res)
     if args.db:
         res.provenance["db_evaluation_id"] = _store(args.db, req, res, wl.name)
@@ -87,8 +107,8 @@ def cli_eval(args: argparse.Namespace) -> int:
         if not_run:
             print(f"levels not evaluated: {', '.join(not_run)}")
         if res.median_ms is not None:
-            print(f"median {res.median_ms:.4f} ms (p10-p90 spread {res.spread_ms:.4f} ms) over {len(res.iteration_ms or [])}"
-                  f" iterations, max over {args.ranks} rank(s)")
+            print(f"median {res.median_ms:.4f} ms (p10-p90 spread {res.spread_ms:.4f} ms) over "
+                  f"{len(res.iteration_ms or [])} iterations, max over {args.ranks} rank(s)")
         if res.speedup is not None:
             print(f"seed {res.seed_median_ms:.4f} ms -> speed-up {res.speedup:.2f}x"
                   + ("  FLAGGED (> 3x: review before it counts)" if res.flagged else ""))
