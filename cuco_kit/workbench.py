@@ -177,6 +177,7 @@ class EvaluatorChoice:
 
     @property
     def note(self) -> Note:
+        """The message under the badge, for the widget layer to draw (cuco_kit.widgets.banner)."""
         return Note(self.message, self.badge)
 
     def __str__(self) -> str:
