@@ -5,8 +5,8 @@ Python diffs. The notebooks are committed WITHOUT outputs; run this after editin
     .venv/bin/python scripts/make_notebooks.py --check  # exits 1 when a committed notebook differs
 
 Rules every notebook keeps: the first cell says what it shows, the last what to do next; logic lives in the
-packages (cuco_kit.notebook_support, cuco_kit.report, cuco_kit.widgets); nothing waits for a click; under
-CUCO_SMOKE=1 it runs headless in CI with tiny budgets and ends with nothing left running.
+packages (cuco_kit.workbench, cuco_kit.smoke, cuco_kit.teaching, cuco_kit.report, cuco_kit.widgets); nothing
+waits for a click; under CUCO_SMOKE=1 it runs headless in CI with tiny budgets and ends with nothing left running.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def code(text: str) -> nbformat.NotebookNode:
 
 SETUP = """
 from IPython.display import display
-from cuco_kit import notebook_support as ns, report
+from cuco_kit import report, smoke, workbench as wb
+from cuco_kit.widgets import banner
 """
 
 # ------------------------------------------------------------------------------------------------------------
@@ -61,11 +62,11 @@ from cuco_kit.analysis import analyze_file
 from cuco_kit.widgets import AnalysisView, DesignSpaceMap, LatencyPlot, LineageTree, RunDashboard
 from cuco_kit.workload import load_workload
 
-SAMPLE = ns.main_sample()
+SAMPLE = wb.main_sample()
 workload = load_workload(SAMPLE)
 print(workload.name, "-", workload.description)
-choice = ns.pick_evaluator()
-choice
+choice = wb.pick_evaluator()
+banner(choice.note)
 """),
     md("""
 ## 1. The seed and its communication
@@ -90,19 +91,19 @@ The next cell opens the recorded real run if one is committed; otherwise it star
 the background (the cell returns at once) and the dashboard below follows it live.
 """),
     code("""
-store, recorded = ns.open_recorded()
+store, recorded = wb.open_recorded()
 engine = None
 if recorded is not None:
-    display(ns.banner(f"recorded real run: {recorded.evaluations} evaluations of {recorded.workload} on "
-                      f"{recorded.detail} ({recorded.path.name}); nothing runs now", "replayed"))
+    display(banner(f"recorded real run: {recorded.evaluations} evaluations of {recorded.workload} on "
+                   f"{recorded.detail} ({recorded.path.name}); nothing runs now", "replayed"))
     run_id = recorded.run_id
 else:
-    display(ns.banner("No recorded real run exists yet under benchmarks/search/. Below is a SIMULATED demo "
-                      "search: made-up numbers from a synthetic landscape, not measurements.", "simulated"))
-    demo = ns.simulated_evaluator()
-    engine, store = ns.new_search(SAMPLE, demo.evaluator, db=ns.run_db("00_quickstart"), gate="auto",
-                                  generations=3 if ns.smoke() else 8, world_size=2, backend="symm")
-    ns.start_search(engine)
+    display(banner("No recorded real run exists yet under benchmarks/search/. Below is a SIMULATED demo "
+                   "search: made-up numbers from a synthetic landscape, not measurements.", "simulated"))
+    demo = wb.simulated_evaluator()
+    engine, store = wb.new_search(SAMPLE, demo.evaluator, db=wb.run_db("00_quickstart"), gate="auto",
+                                  generations=3 if smoke.enabled() else 8, world_size=2, backend="symm")
+    wb.start_search(engine)
     run_id = engine.run_id
 """),
     code("""
@@ -120,9 +121,9 @@ and what failed and why. (The demo search runs for a few seconds; the next cell 
 """),
     code("""
 if engine is not None:
-    print(ns.end_search(engine, close=[dashboard]))
+    print(wb.end_search(engine, close=[dashboard]))
 frame = report.run_frame(store, run_id)
-display(ns.what_won(store, run_id).banner)
+display(banner(wb.what_won(store, run_id).note))
 report.cell_table(frame).head(8)
 """),
     code("""
@@ -163,12 +164,12 @@ recorded **fixture** answers, said so on screen; otherwise set `OPENAI_API_KEY` 
 """),
     code(SETUP + """
 from cuco_kit import markers
-from cuco_kit.widgets import AnalysisView, DiffReview, LedgerView
+from cuco_kit.widgets import AnalysisView, LedgerView, review_attempts
 
-SAMPLE = ns.main_sample()
-choice = ns.pick_evaluator()
-fp, llm_note = ns.fast_path(SAMPLE, choice)
-display(choice, llm_note)
+SAMPLE = wb.main_sample()
+choice = wb.pick_evaluator()
+fp, llm_note = wb.fast_path(SAMPLE, choice)
+display(banner(choice.note), banner(llm_note))
 """),
     md("""
 ## 1. Analyze
@@ -188,7 +189,7 @@ headless run the kit approves the judged-correct one).
 """),
     code("""
 stage_a = fp.stage_a()
-ns.review_attempts(fp, stage_a, DiffReview)
+review_attempts(fp, stage_a)
 """),
     md("""
 ## 3. Stage B: device-initiated communication
@@ -197,7 +198,7 @@ The host collective becomes LSA stores into the peers' windows with flags the co
 """),
     code("""
 stage_b = fp.stage_b()
-ns.review_attempts(fp, stage_b, DiffReview)
+review_attempts(fp, stage_b)
 """),
     md("""
 ## 4. Annotate: EVOLVE blocks and the knob block
@@ -206,7 +207,7 @@ Accepted only if removing the markers gives back the code byte for byte.
 """),
     code("""
 annotated = fp.annotate()
-ns.review_attempts(fp, annotated, DiffReview)
+review_attempts(fp, annotated)
 """),
     md("""
 ## What the LLM cost
@@ -217,7 +218,7 @@ Every call is in the ledger: tokens, dollars (fixture answers cost nothing) and 
 display(LedgerView(fp.store, fp.run_id))
 print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
       ", ".join(b.name for b in markers.blocks(fp.current_code)))
-ns.cleanup()
+smoke.cleanup()
 fp.store.close()
 choice.close()
 """),
@@ -250,9 +251,9 @@ to click, the notebook approves automatically once the dashboard is shown.
 from cuco_kit.widgets import RunDashboard
 from cuco_kit.workload import load_workload
 
-SAMPLE = ns.main_sample()
-choice = ns.pick_evaluator()
-choice
+SAMPLE = wb.main_sample()
+choice = wb.pick_evaluator()
+banner(choice.note)
 """),
     md("""
 ## Set up the search
@@ -261,19 +262,19 @@ Two ranks on the `symm` backend (ranks share one GPU) at the small sizes, so it 
 When replaying the recorded run, its own settings are used so the same proposals come back.
 """),
     code("""
-SMOKE = ns.smoke()
-engine, store = ns.new_search(
-    SAMPLE, choice.evaluator, db=ns.run_db("02_search"), gate="manual",
+SMOKE = smoke.enabled()
+engine, store = wb.new_search(
+    SAMPLE, choice.evaluator, db=wb.run_db("02_search"), gate="manual",
     generations=2 if SMOKE else 20, proposals_per_generation=2 if SMOKE else 4,
     world_size=2, backend="symm", params=load_workload(SAMPLE).size_presets["small"],
-    iters=5 if SMOKE else 20, config=ns.replay_config(choice))
-ns.start_search(engine)
+    iters=5 if SMOKE else 20, config=wb.replay_config(choice))
+wb.start_search(engine)
 dashboard = RunDashboard(engine)
 dashboard
 """),
     code("""
 # Nobody clicks in a headless smoke run: approve everything from here on (a person never needs this cell).
-if ns.auto_approve():
+if smoke.auto_approve():
     engine.gate.set_mode("auto")
 """),
     md("""
@@ -294,14 +295,14 @@ In a headless run this waits for the budget and then stops the engine and joins 
 session the search keeps running until you press **Stop** on the dashboard.
 """),
     code("""
-print(ns.end_search(engine, close=[dashboard, store, choice]))
+print(wb.end_search(engine, close=[dashboard, store, choice]))
 """),
     md("""
 ## Next
 
 * Press **Stop** when you are done; the run is in `runs/` and resumes from there with the same settings.
 * Open it in `04_run_analysis` to see, with pandas, what won and what failed and why.
-* Configure an LLM (`OPENAI_API_KEY`) and pass `llm=` to `ns.new_search` to add diff, rewrite and crossover
+* Configure an LLM (`OPENAI_API_KEY`) and pass `llm=` to `wb.new_search` to add diff, rewrite and crossover
   proposals next to the offline ones.
 """),
 ]
@@ -321,11 +322,12 @@ with what.
 on one GPU. The evaluator in use, and so the meaning of every number, is named below.
 """),
     code(SETUP + """
+from cuco_kit import teaching
 from cuco_kit.widgets import EvalCell, TimelineView
 
-SAMPLE = ns.main_sample()
-choice = ns.pick_evaluator()
-choice
+SAMPLE = wb.main_sample()
+choice = wb.pick_evaluator()
+banner(choice.note)
 """),
     code("""
 cell = EvalCell(choice.evaluator, SAMPLE, ranks=(1, 2, 4), backends=("nccl", "symm"))
@@ -333,7 +335,7 @@ cell
 """),
     code("""
 # Headless smoke run: press Evaluate for the reader (2 ranks, symm, small sizes) and wait for the result.
-if ns.smoke():
+if smoke.enabled():
     cell.candidate.value = "device_lsa.cu"
     cell.ranks.value, cell.backend.value, cell.preset.value = 2, "symm", "small"
     cell.run()
@@ -348,9 +350,9 @@ the simulator or a replay, minutes on a GPU). The SIMULATED landscape ignores si
 rows only show the mechanics.
 """),
     code("""
-presets = ["small"] if ns.smoke() else ["small", "4096", "8192"]
-ns.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=2, backend="symm",
-         iters=5 if ns.smoke() else 20)
+presets = ["small"] if smoke.enabled() else ["small", "4096", "8192"]
+wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=2, backend="symm",
+         iters=5 if smoke.enabled() else 20)
 """),
     md("""
 ## Timelines
@@ -360,14 +362,14 @@ When no measured timeline is committed, the cell says so and draws the *model* s
 instead, badged as a model.
 """),
     code("""
-timelines = ns.recorded_timelines()
+timelines = teaching.recorded_timelines()
 if timelines:
     t = timelines[-1]
     display(TimelineView(t["events"], badge=t.get("badge", "real"), detail=t.get("detail", "")))
 else:
     print("No measured kernel timeline is committed yet (benchmarks/**/timeline*.json); on a GPU machine the "
           "evaluator records one. Below: the model schedule, not a measurement.")
-    display(TimelineView(ns.model_schedule(compute=1.0, comm=1.0, chunks=4, ranks=2), badge="model",
+    display(TimelineView(teaching.model_schedule(compute=1.0, comm=1.0, chunks=4, ranks=2), badge="model",
                          detail="formula schedule, not measured"))
 """),
     code("""
@@ -398,9 +400,9 @@ any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
 from IPython.display import HTML
 from cuco_kit.widgets import LatencyPlot, side_by_side_html
 
-SAMPLE = ns.main_sample()
-store, run_id, note = ns.finished_run(SAMPLE, generations=3 if ns.smoke() else 10)
-note
+SAMPLE = wb.main_sample()
+store, run_id, note = wb.finished_run(SAMPLE, generations=3 if smoke.enabled() else 10)
+banner(note)
 """),
     code("""
 frame = report.run_frame(store, run_id)
@@ -412,8 +414,8 @@ frame[["evaluation_id", "program_id", "name", "source", "cell", "level_reached",
 ## What won
 """),
     code("""
-won = ns.what_won(store, run_id)
-display(won.banner)
+won = wb.what_won(store, run_id)
+display(banner(won.note))
 won.knobs
 """),
     code("""
@@ -447,7 +449,7 @@ store.close()
     md("""
 ## Next
 
-* Point `ns.finished_run(SAMPLE, db="runs/<your run>.sqlite")` at your own run from `02_search`.
+* Point `wb.finished_run(SAMPLE, db="runs/<your run>.sqlite")` at your own run from `02_search`.
 * Take the best program's code (`best["code"]`) to `03_multi_gpu_eval` and measure it at more sizes and ranks.
 * Failures at L2 usually mean a missing wait or a wrong offset: look at the diff that introduced them.
 """),
@@ -468,9 +470,10 @@ committed under `benchmarks/gemm_allgather/` when they exist.
 """),
     code(SETUP + """
 import pandas as pd
+from cuco_kit import teaching
 from cuco_kit.widgets import TimelineView
 
-SAMPLE = ns.main_sample()
+SAMPLE = wb.main_sample()
 """),
     md("""
 ## The model
@@ -483,7 +486,7 @@ The table gives the speed-up over sequential for a few ratios *m / c*, in units 
 rows = []
 for ratio in (0.25, 0.5, 1.0, 2.0, 4.0):
     for chunks in (1, 2, 4, 8, 16):
-        b = ns.overlap_bound(compute_ms=1.0, comm_ms=ratio, chunks=chunks)
+        b = teaching.overlap_bound(compute_ms=1.0, comm_ms=ratio, chunks=chunks)
         rows.append({"comm / compute": ratio, "chunks": chunks, "speed-up": b["speedup_pipelined"],
                      "bound": b["speedup_bound"]})
 pd.DataFrame(rows).pivot(index="comm / compute", columns="chunks", values="speed-up").round(2)
@@ -493,8 +496,8 @@ The same model as a schedule: one transfer stream and one compute stream, 1 chun
 units, badged as a model).
 """),
     code("""
-display(TimelineView(ns.model_schedule(compute=1.0, comm=1.0, chunks=1), badge="model", detail="1 chunk"))
-display(TimelineView(ns.model_schedule(compute=1.0, comm=1.0, chunks=4), badge="model", detail="4 chunks"))
+display(TimelineView(teaching.model_schedule(compute=1.0, comm=1.0, chunks=1), badge="model", detail="1 chunk"))
+display(TimelineView(teaching.model_schedule(compute=1.0, comm=1.0, chunks=4), badge="model", detail="4 chunks"))
 """),
     md("""
 ## The workload's counts
@@ -504,17 +507,17 @@ shape M = N = K = 8192. More ranks means less compute per rank but more to recei
 more as the world grows.
 """),
     code("""
-ns.workload_counts(SAMPLE, {"M": 8192, "N": 8192, "K": 8192})
+teaching.workload_counts(SAMPLE, {"M": 8192, "N": 8192, "K": 8192})
 """),
     md("""
 ## Measured
 """),
     code("""
-measured = ns.load_benchmarks("benchmarks/gemm_allgather/*.json")
+measured = teaching.load_benchmarks("benchmarks/gemm_allgather/*.json")
 if measured:
-    table = ns.benchmark_frame(measured)
-    display(ns.banner(f"{len(table)} measured rows from {len(measured)} file(s) in benchmarks/gemm_allgather/",
-                      "real"))
+    table = teaching.benchmark_frame(measured)
+    display(banner(f"{len(table)} measured rows from {len(measured)} file(s) in benchmarks/gemm_allgather/",
+                   "real"))
     display(table)
 else:
     print("No measured GEMM + AllGather benchmark is committed yet (benchmarks/gemm_allgather/*.json).\\n"

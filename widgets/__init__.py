@@ -6,8 +6,9 @@ escaped before it reaches HTML, and every view shows the data's badge (real, rep
 from .dashboard import RunDashboard
 from .diff_review import DiffReview, side_by_side_html
 from .eval_cell import EvalCell
+from .notebook import Banner, banner, review_attempts
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
 from .views import AnalysisView, LedgerView, TimelineView
 
-__all__ = ["AnalysisView", "DesignSpaceMap", "DiffReview", "EvalCell", "LatencyPlot", "LedgerView",
-           "LineageTree", "RunDashboard", "TimelineView", "side_by_side_html"]
+__all__ = ["AnalysisView", "Banner", "DesignSpaceMap", "DiffReview", "EvalCell", "LatencyPlot", "LedgerView",
+           "LineageTree", "RunDashboard", "TimelineView", "banner", "review_attempts", "side_by_side_html"]

@@ -13,12 +13,19 @@ BADGE_STYLE = {
     "replayed": ("#0d47a1", "replayed"),
     "simulated": ("#b71c1c", "SIMULATED"),
     "model": ("#6a1b9a", "MODEL (formula, not measured)"),
+    "fixture": ("#6a1b9a", "FIXTURE (recorded answer, not a live model)"),
+    "info": ("#37474f", "info"),
 }
 
 
 def esc(text: Any) -> str:
     """Every string that may come from an LLM or a candidate goes through here before it reaches HTML."""
     return html.escape("" if text is None else str(text), quote=True)
+
+
+def badge_colour(badge: str) -> str:
+    """The badge's colour; a badge this table does not know gets the "info" colour."""
+    return BADGE_STYLE.get(badge, BADGE_STYLE["info"])[0]
 
 
 def badge_html(badge: str, detail: str = "") -> str:

@@ -94,13 +94,18 @@ class DiffReview(W.VBox):
         self.editor.layout.display = ""
         self.submit_edit.layout.display = ""
 
-    def _decide(self, decision: str, code: str | None = None) -> None:
-        if self.decision is not None:
-            return
-        self.decision = decision
+    def freeze(self, verdict: str) -> None:
+        """Show a decision as taken (here or elsewhere, e.g. by the fast path's judge): the buttons go off, the
+        editor closes and `verdict` is shown; later clicks decide nothing."""
+        self.decision = verdict
         for b in (self.approve, self.reject, self.edit, self.submit_edit):
             b.disabled = True
         self.editor.layout.display = "none"
-        self.status.value = f"<i>{esc(decision)}</i>"
+        self.status.value = f"<i>{esc(verdict)}</i>"
+
+    def _decide(self, decision: str, code: str | None = None) -> None:
+        if self.decision is not None:
+            return
+        self.freeze(decision)
         if self.on_decision is not None:
             self.on_decision(int(self.proposal.get("id") or 0), decision, code)

@@ -17,7 +17,7 @@ Writes the raw JSON to --out, results.json + RESULTS.md + the stores to benchmar
 --dry-run), and the same files as one tarball under --out (the device machine sends back only --out); prints
 the table last. Exit code 0 only when every check held (every planned run done, >= --candidates evaluated
 candidates each, >= 2 placements evaluated each, the stores load through the replay evaluator and
-notebook_support.recorded_runs finds them).
+workbench.recorded_runs finds them).
 """
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ from cuco_kit.search.config import SearchConfig  # noqa: E402
 from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource  # noqa: E402
 from cuco_kit.search.engine import SearchEngine  # noqa: E402
 from cuco_kit.store import Store  # noqa: E402
+from cuco_kit.workbench import recorded_runs  # noqa: E402
 from cuco_kit.workload import load_workload  # noqa: E402
 
 WL_REL = "sample_kernels/gemm_allgather"
@@ -613,8 +614,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LEAK: rank worker processes still alive after close(): {leftover}", flush=True)
 
     # 4. stores: compaction, replay, recorded_runs
-    from cuco_kit import notebook_support
-
     store_checks = {}
     for r in runs:
         p = Path(r["store"])
@@ -622,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sizes = {} if args.no_compact else compact(p)
         store_checks[p.name] = {**sizes, "bytes": p.stat().st_size, "replay": check_replay(p)}
-    found = {Path(x).name for x in notebook_support.recorded_runs(tree)}
+    found = {Path(x).name for x in recorded_runs(dest)}
 
     # 5. numbers
     all_rows = [row for r in runs for row in r["rows"]]
@@ -659,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         sc = store_checks.get(f"{name}.sqlite", {})
         checks.append({"what": f"{name}.sqlite served by the replay evaluator ({sc.get('replay')})",
                        "ok": bool(sc.get("replay", {}).get("ok"))})
-        checks.append({"what": f"{name}.sqlite found by notebook_support.recorded_runs",
+        checks.append({"what": f"{name}.sqlite found by workbench.recorded_runs",
                        "ok": f"{name}.sqlite" in found})
     if fatal:
         checks.append({"what": "the script ran to the end (" + fatal.strip().splitlines()[-1][:200] + ")",

@@ -14,6 +14,7 @@ from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "fastpath"
+FIXTURES = ROOT / "cuco_kit" / "llm" / "fixtures"  # the recorded answers the notebooks use ship with the kit
 WORKLOAD = ROOT / "sample_kernels" / "gemm_allgather"
 
 
@@ -22,7 +23,7 @@ def cuda(code: str) -> str:
 
 
 def test_fastpath_end_to_end_with_real_builds(tmp_path: Path) -> None:
-    a, b, ann = ((DATA / n).read_text() for n in ("gemm_stage_a.cu", "gemm_stage_b_lsa.cu", "gemm_annotated.cu"))
+    a, b, ann = ((FIXTURES / n).read_text() for n in ("gemm_stage_a.cu", "gemm_stage_b_lsa.cu", "gemm_annotated.cu"))
     script = [answer("stage-a", cuda(a)), answer("stage-b", cuda(b)), answer("annotate", cuda(ann))]
     with FakeOpenAIServer(script) as srv:
         client = OpenAICompatibleClient(srv.config(max_retries=0), sleep=lambda s: None)

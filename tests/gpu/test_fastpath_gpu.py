@@ -14,6 +14,7 @@ from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "fastpath"
+FIXTURES = ROOT / "cuco_kit" / "llm" / "fixtures"  # the recorded answers the notebooks use ship with the kit
 WORKLOAD = ROOT / "sample_kernels" / "gemm_allgather"
 
 pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU (nvidia-smi)")
@@ -25,8 +26,8 @@ def cuda(code: str) -> str:
 
 @pytest.mark.timeout(300)
 def test_fastpath_reaches_l2_at_two_ranks_and_catches_dropped_peer_stores(evaluator) -> None:
-    a, b, drop = ((DATA / n).read_text() for n in ("gemm_stage_a.cu", "gemm_stage_b_lsa.cu",
-                                                    "gemm_stage_b_drop_peers.cu"))
+    a, b = ((FIXTURES / n).read_text() for n in ("gemm_stage_a.cu", "gemm_stage_b_lsa.cu"))
+    drop = (DATA / "gemm_stage_b_drop_peers.cu").read_text()
     script = [answer("stage-a", cuda(a)), answer("drop-peers", cuda(drop)),
               answer("judge", "Stores go only to the local xg.", match="Diagnose the failure"),
               answer("stage-b", cuda(b))]

@@ -29,14 +29,15 @@ from cuco_kit.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "fastpath"
+FIXTURES = ROOT / "cuco_kit" / "llm" / "fixtures"  # the recorded answers the notebooks use ship with the kit
 WORKLOAD = ROOT / "sample_kernels" / "gemm_allgather"
 SEED = (WORKLOAD / "seed_nccl.cu").read_text()
-STAGE_A = (DATA / "gemm_stage_a.cu").read_text()
-STAGE_B = (DATA / "gemm_stage_b_lsa.cu").read_text()
+STAGE_A = (FIXTURES / "gemm_stage_a.cu").read_text()
+STAGE_B = (FIXTURES / "gemm_stage_b_lsa.cu").read_text()
 DROP_PEERS = (DATA / "gemm_stage_b_drop_peers.cu").read_text()
 NOCOMPILE = (DATA / "gemm_stage_b_nocompile.cu").read_text()
 GIN = (DATA / "gemm_stage_b_gin.cu").read_text()
-ANNOTATED = (DATA / "gemm_annotated.cu").read_text()
+ANNOTATED = (FIXTURES / "gemm_annotated.cu").read_text()
 EDIT_OUTSIDE = (DATA / "gemm_annotated_edit_outside.cu").read_text()
 JUDGE = "Diagnose the failure"  # a phrase only the judge prompt's user message carries
 

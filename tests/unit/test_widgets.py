@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,8 +11,9 @@ from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.events import EventBus
 from cuco_kit.store import Store
 from cuco_kit.widgets import (AnalysisView, DesignSpaceMap, DiffReview, EvalCell, LatencyPlot, LedgerView,
-                              LineageTree, RunDashboard, TimelineView)
-from cuco_kit.widgets._common import Throttle
+                              LineageTree, RunDashboard, TimelineView, banner, notebook, review_attempts)
+from cuco_kit.widgets._common import BADGE_STYLE, Throttle
+from cuco_kit.workbench import Note
 
 EVIL = "<script>alert('x')</script>"
 
@@ -59,6 +61,43 @@ def test_diff_review_edit_becomes_edited_code():
     w.editor.value = "c\n"
     w.submit_edit.click()
     assert got == [(3, "edited", "c\n")]
+
+
+def test_diff_review_freeze_shows_a_decision_taken_elsewhere():
+    got = []
+    w = DiffReview({"id": 4, "parent_code": "a\n", "code": "b\n"}, on_decision=lambda *a: got.append(a))
+    w.freeze(EVIL)
+    assert all(b.disabled for b in (w.approve, w.reject, w.edit, w.submit_edit))
+    assert "&lt;script&gt;" in w.status.value and "<script>" not in w.status.value
+    w.approve.click()
+    assert got == [] and w.decision == EVIL
+
+
+def test_banner_draws_a_note_in_its_badge_colour_and_escapes():
+    b = banner(Note(EVIL, "replayed"))
+    assert BADGE_STYLE["replayed"][0] in b._repr_html_() and "<script>" not in b._repr_html_()
+    assert str(b) == repr(b) == EVIL
+    assert BADGE_STYLE["info"][0] in banner("plain text")._repr_html_()
+    assert BADGE_STYLE["info"][0] in banner("x", "no-such-badge")._repr_html_()
+
+
+def test_review_attempts_freezes_decided_attempts(monkeypatch):
+    shown = []
+    monkeypatch.setattr(notebook, "display", lambda *objs: shown.extend(objs))
+
+    def attempt(number, verdict):
+        return SimpleNamespace(proposal_id=None, number=number, stage="B", source="llm", verdict=verdict,
+                               level="L1", reason="built", llm_model="fixture-stage-b", fixture=True, code="b\n")
+
+    fp = SimpleNamespace(seed_code="seed\n", outcomes={"A": SimpleNamespace(code="a\n")})
+    outcome = SimpleNamespace(stage="B", status="done", message="ok", ok=True,
+                              attempts=[attempt(1, "fail"), attempt(2, "pending")])
+    review_attempts(fp, outcome)
+    head, failed, pending = shown
+    assert str(head) == "stage B: done - ok"
+    assert failed.approve.disabled and failed.decision == "fail" and "fail" in failed.status.value
+    assert not pending.approve.disabled and pending.decision is None
+    assert pending.proposal["parent_code"] == "a\n" and "FIXTURE answer" in pending.proposal["rationale"]
 
 
 def test_lineage_latency_cells_from_store(run_store):

@@ -1,0 +1,420 @@
+"""The engine seen from a notebook: each call is one readable line in a cell.
+
+Finds the repository and its samples from any working directory (JupyterLab may run a copy of notebooks/
+elsewhere), opens the committed recorded real runs, chooses an evaluator honestly (a GPU when there is one;
+otherwise the recorded real run, replayed and said so; otherwise the SIMULATED landscape, labelled as such),
+and wires searches and the fast path for a notebook. Everything returned is plain data: statements about where
+numbers come from are `Note`s, which the widget layer (`cuco_kit.widgets.banner`) draws.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+from cuco_kit import smoke
+from cuco_kit.errors import BadInput, CucoError
+from cuco_kit.evaluate.api import EvalRequest, Evaluator
+from cuco_kit.evaluate.device import describe_gpus
+from cuco_kit.evaluate.replay import ReplayEvaluator
+from cuco_kit.evaluate.simulated import SimulatedEvaluator
+from cuco_kit.events import EventBus
+from cuco_kit.fastpath import FastPath, FastPathConfig
+from cuco_kit.llm import LLMClient, LLMConfig, OpenAICompatibleClient, fixtures
+from cuco_kit.llm.fake_server import Scripted, answer
+from cuco_kit.search.budget import BudgetConfig
+from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.design_space import DesignSpaceSource
+from cuco_kit.search.engine import SearchEngine
+from cuco_kit.search.llm_source import LLMSource
+from cuco_kit.store import Store
+from cuco_kit.workload import load_workload
+
+EVALUATOR_ENV = "CUCO_EVALUATOR"  # force "gpu", "replay" or "simulated"
+ROOT_ENV = "CUCO_REPO_ROOT"
+RECORDINGS_ENV = "CUCO_RECORDINGS"
+RECORDING_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+MAIN_SAMPLE = "gemm_allgather"
+# The fast path's recorded answers on the main sample (cuco_kit.llm.fixtures), by the fake server's entry name.
+FASTPATH_FIXTURES = (("stage-a", "gemm_stage_a.cu"), ("stage-b", "gemm_stage_b_lsa.cu"),
+                     ("annotate", "gemm_annotated.cu"))
+
+
+@dataclass(frozen=True)
+class Note:
+    """A one-line statement for the top of an output, with the badge of the numbers it speaks about ("real",
+    "replayed", "simulated", "fixture") or "info". The widget layer draws it; str() is the text."""
+
+    text: str
+    badge: str = "info"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+# ---- where things are ----------------------------------------------------------------------------------------
+
+def repo_root() -> Path:
+    """The repository root (holds sample_kernels/): $CUCO_REPO_ROOT, else where this package is installed
+    from (an editable install), else the working directory or one of its parents."""
+    candidates: list[Path] = []
+    if os.environ.get(ROOT_ENV):
+        candidates.append(Path(os.environ[ROOT_ENV]).expanduser())
+    candidates.append(Path(__file__).resolve().parents[1])
+    cwd = Path.cwd().resolve()
+    candidates += [cwd, *cwd.parents]
+    for c in candidates:
+        if (c / "sample_kernels").is_dir():
+            return c
+    raise CucoError("cannot find the cuco-kit repository (a folder with sample_kernels/): set CUCO_REPO_ROOT "
+                    "to the repository root, or install the kit with `pip install -e .` from it")
+
+
+def sample(name: str = MAIN_SAMPLE) -> Path:
+    """The folder of a sample workload, e.g. sample("gemm_allgather")."""
+    d = repo_root() / "sample_kernels" / name
+    if not (d / "workload.py").is_file():
+        have = sorted(p.parent.name for p in (repo_root() / "sample_kernels").glob("*/workload.py"))
+        raise BadInput(f"no sample workload {name!r}; available: {', '.join(have) or 'none'}")
+    return d
+
+
+def main_sample() -> Path:
+    """The folder of the main sample, GEMM + AllGather."""
+    return sample(MAIN_SAMPLE)
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(repo_root()))
+    except ValueError:
+        return str(path)
+
+
+def run_db(name: str) -> Path:
+    """A fresh database path for a notebook's run: runs/<name>-<date>-<time>.sqlite next to the notebook."""
+    d = Path.cwd() / "runs"
+    d.mkdir(exist_ok=True)
+    return d / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sqlite"
+
+
+# ---- the recorded real runs ----------------------------------------------------------------------------------
+
+def recordings_dir() -> Path:
+    """Where the recorded real runs are: $CUCO_RECORDINGS when set, else the repository's benchmarks/search/
+    (where benchmarks/search/run.py commits them). The one place recordings are looked for."""
+    if os.environ.get(RECORDINGS_ENV):
+        return Path(os.environ[RECORDINGS_ENV]).expanduser()
+    return repo_root() / "benchmarks" / "search"
+
+
+@dataclass
+class RecordedRun:
+    """A committed database of a real search: where it is, which run in it, and on what GPU and when."""
+
+    path: Path
+    run_id: int
+    workload: str
+    gpu: str
+    date: str
+    evaluations: int
+
+    @property
+    def detail(self) -> str:
+        return ", ".join(x for x in (self.gpu, self.date) if x) or "GPU and date not recorded"
+
+
+def recorded_runs(directory: Path | None = None) -> list[Path]:
+    """The recordings (*.sqlite, *.sqlite3, *.db at any depth) in `directory`, default `recordings_dir()`,
+    newest name last."""
+    base = recordings_dir() if directory is None else Path(directory)
+    return sorted(p for p in base.rglob("*") if p.suffix in RECORDING_SUFFIXES and p.is_file())
+
+
+def recorded_run_info(path: str | Path, run_id: int | None = None) -> RecordedRun:
+    """Read which run a recording holds (the one with most finished evaluations unless `run_id` is given) and
+    the GPU and date its evaluations were measured on."""
+    with Store(path, readonly=True) as st:
+        runs = st.runs()
+        if not runs:
+            raise BadInput(f"{path}: the recording holds no run")
+        if run_id is None:
+            counts = {r["id"]: len(st.evaluations(run_id=r["id"])) for r in runs}
+            run_id = max(counts, key=lambda rid: (counts[rid], rid))
+        run = st.run(run_id)
+        evs = st.evaluations(run_id=run_id)
+        gpu = date = ""
+        for e in evs:
+            prov = e.get("provenance") or {}
+            if prov.get("gpu"):
+                gpu, date = str(prov.get("gpu") or ""), str(prov.get("date") or "")
+                break
+        return RecordedRun(Path(path), int(run_id), str(run.get("workload") or ""), gpu, date, len(evs))
+
+
+def open_recorded(path: str | Path | None = None) -> tuple[Store, RecordedRun] | tuple[None, None]:
+    """(store opened read-only, RecordedRun) of the newest recording, or (None, None) when none exists."""
+    paths = [Path(path)] if path else recorded_runs()
+    if not paths:
+        return None, None
+    info = recorded_run_info(paths[-1])
+    return Store(info.path, readonly=True), info
+
+
+# ---- choosing an evaluator -----------------------------------------------------------------------------------
+
+@dataclass
+class EvaluatorChoice:
+    """The evaluator a notebook uses and, in plain words, what its numbers are."""
+
+    evaluator: Evaluator
+    kind: str  # "gpu" | "replay" | "simulated"
+    badge: str  # "real" | "replayed" | "simulated"
+    message: str
+    recorded: RecordedRun | None = None
+
+    @property
+    def note(self) -> Note:
+        """The message under the badge, for the widget layer to draw (cuco_kit.widgets.banner)."""
+        return Note(self.message, self.badge)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def close(self) -> None:
+        """Release what the evaluator holds (warm rank workers, MPS, the replay database)."""
+        close = getattr(self.evaluator, "close", None)
+        if callable(close):
+            close()
+
+
+def simulated_evaluator(seed: int = 0, **kwargs: Any) -> EvaluatorChoice:
+    return EvaluatorChoice(SimulatedEvaluator(seed, **kwargs), "simulated", "simulated",
+                           "SIMULATED: a synthetic latency landscape made up from the knob values; these numbers "
+                           "are not measurements of anything")
+
+
+def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoice:
+    """The evaluator for this machine: the GPU cascade when a GPU is present (not in smoke runs, which never
+    spend GPU time unless asked), else the replay evaluator over the newest recorded real run, else -- when
+    no recording exists yet -- the SIMULATED landscape. `prefer` (or $CUCO_EVALUATOR) forces one of "gpu",
+    "replay", "simulated"; forcing what is unavailable is an error that says why."""
+    want = (prefer or os.environ.get(EVALUATOR_ENV) or "").strip().lower() or None
+    if want not in (None, "gpu", "replay", "simulated"):
+        raise BadInput(f"evaluator {want!r}: use gpu, replay or simulated")
+    if want in (None, "gpu") and (want == "gpu" or not smoke.enabled()):
+        name = describe_gpus()
+        if name:
+            from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator  # imports torch
+
+            return EvaluatorChoice(GpuEvaluator(), "gpu", "real", f"real measurements on this machine's {name}")
+        if want == "gpu":
+            raise BadInput("evaluator 'gpu' asked for, but no GPU is visible here (nvidia-smi lists none); "
+                           "use 'replay' to see the recorded real run")
+    where = _rel(recordings_dir()) + "/"
+    if want in (None, "replay"):
+        paths = recorded_runs()
+        if paths:
+            info = recorded_run_info(paths[-1])
+            why = "smoke run" if smoke.enabled() else "no GPU"
+            return EvaluatorChoice(ReplayEvaluator(str(info.path)), "replay", "replayed",
+                                   f"{why}: showing the recorded real run ({info.detail}) from {_rel(info.path)}; "
+                                   "numbers are replayed measurements, nothing runs on a GPU now", info)
+        if want == "replay":
+            raise BadInput(f"evaluator 'replay' asked for, but no recorded run exists yet under {where}")
+    choice = simulated_evaluator(seed)
+    if want is None:
+        choice.message = f"no GPU here and no recorded real run exists yet ({where} is empty): " + choice.message
+    return choice
+
+
+# ---- searches and evaluations from a notebook ----------------------------------------------------------------
+
+def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path, gate: str = "manual",
+               generations: int = 10, proposals_per_generation: int = 4, world_size: int = 2,
+               backend: str = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
+               llm: LLMClient | None = None,
+               config: SearchConfig | dict[str, Any] | None = None) -> tuple[SearchEngine, Store]:
+    """A SearchEngine wired for a notebook, not started: the offline design-space source (plus the LLM
+    sources when `llm`, an LLM client, is given), an event bus for the widgets and a store at `db`.
+    `config` (a SearchConfig or its dict, e.g. a recorded run's) overrides the keyword settings except the gate
+    and the budget. Returns (engine, store)."""
+    if config is None:
+        cfg = SearchConfig(world_size=world_size, backend=backend, params=dict(params or {}), iters=iters,
+                           seed=seed, proposals_per_generation=proposals_per_generation)
+    else:
+        cfg = config if isinstance(config, SearchConfig) else SearchConfig.from_dict(dict(config))
+    cfg.gate = gate
+    cfg.budget = BudgetConfig(generations=generations)
+    sources: list[Any] = [DesignSpaceSource(cfg.design_space)]
+    if llm is not None:
+        sources.append(LLMSource(llm))
+    store = Store(db)
+    engine = SearchEngine(workload_dir, store, evaluator, sources, cfg, EventBus())
+    return engine, store
+
+
+def start_search(engine: SearchEngine, timeout: float = 60.0) -> SearchEngine:
+    """Start the engine's worker thread and return once its run exists in the store (a fraction of a second:
+    the dashboard needs the run id). Raises what stopped the engine if it failed during set-up."""
+    engine.start()
+    smoke.wait_for(lambda: engine.run_id is not None or engine.join(0), timeout, "search set-up")
+    if engine.run_id is None:
+        raise CucoError(f"the search did not start: {engine.error or engine.reason or 'unknown reason'}")
+    return engine
+
+
+def end_search(engine: SearchEngine, *, timeout: float = 120.0, close: Iterable[Any] = ()) -> str:
+    """The last cell of a search notebook. When nobody needs to click (a headless smoke run, or a gate in
+    "auto" mode) it waits for the budget to end the run, stops the engine, joins its thread and then closes
+    `close` in order (dashboard before store). An interactive run with a manual gate is left running -- press
+    Stop on the dashboard -- because a cell waiting here would also hold up the buttons."""
+    if not (smoke.auto_approve() or engine.gate.mode == "auto"):
+        return ("the search keeps running in the background: review the proposals above and press Stop on the "
+                "dashboard (or run `engine.stop(); engine.join()`) when you are done")
+    done = engine.join(timeout)
+    engine.stop()
+    if not engine.join(30):
+        raise TimeoutError("the search thread did not end within 30 s of stop()")
+    for thing in close:
+        thing.close()
+    if engine.error is not None:
+        raise CucoError(f"the search stopped with an error: {engine.error}")
+    return f"search {engine.state}: {engine.reason}" + ("" if done else f" (stopped after {timeout:.0f} s)")
+
+
+def replay_config(choice: EvaluatorChoice) -> dict[str, Any] | None:
+    """The recorded run's search settings when `choice` replays it (so a seeded search asks for the same
+    programs and the replay has their measurements); None otherwise."""
+    if choice.kind != "replay" or choice.recorded is None:
+        return None
+    with Store(choice.recorded.path, readonly=True) as st:
+        cfg = dict(st.run(choice.recorded.run_id)["config"])
+    cfg.pop("workload_dir", None)
+    return cfg
+
+
+def finished_run(workload_dir: str | Path, *, db: str | Path | None = None,
+                 generations: int = 10) -> tuple[Store, int, Note]:
+    """(store, run_id, note) of a finished run to analyse: `db` when given (its run with most evaluations),
+    else the newest recorded real run, else a small SIMULATED search run to its end here (a few seconds),
+    with a note that says which."""
+    if db is not None or recorded_runs():
+        info = recorded_run_info(db or recorded_runs()[-1])
+        badge = "replayed" if db is None else "info"
+        what = "recorded real run" if db is None else "run"
+        return (Store(info.path, readonly=True), info.run_id,
+                Note(f"{what} {info.run_id} of {info.workload} from {_rel(info.path)}: {info.evaluations} "
+                     f"evaluations on {info.detail}", badge))
+    sim = simulated_evaluator()
+    engine, store = new_search(workload_dir, sim.evaluator, db=run_db("simulated-demo"), gate="auto",
+                               generations=generations, world_size=2, backend="symm")
+    summary = engine.run()  # blocks for a few seconds: the simulator answers at once
+    return store, summary.run_id, Note(
+        f"No recorded real run exists yet under {_rel(recordings_dir())}/: this is a SIMULATED search run just "
+        f"now ({generations} generations; made-up numbers from a synthetic landscape, not measurements)",
+        "simulated")
+
+
+@dataclass
+class Winner:
+    """What won a run: the best passing candidate (not the seed), its knobs next to the baseline's, and a
+    one-line verdict that says plainly when nothing beat the seed."""
+
+    note: Note
+    knobs: Any  # pandas frame: knob -> baseline value, best value
+    program: dict[str, Any] | None
+    baseline: dict[str, Any] | None
+
+
+def what_won(store: Store, run_id: int) -> Winner:
+    import pandas as pd
+
+    from cuco_kit.report import run_badge, run_frame  # imports pandas
+
+    df = run_frame(store, run_id)
+    badge = run_badge(store, run_id)[0]
+    progs = {p["id"]: p for p in store.programs(run_id)}
+    baseline = next((p for p in progs.values() if p["source"] == "baseline"), None)
+    seed_ms = df.loc[(df["source"] == "seed") & (df["verdict"] == "pass"), "median_ms"].min()
+    cands = df[(df["verdict"] == "pass") & (df["source"] != "seed") & df["median_ms"].notna()]
+    if cands.empty:
+        return Winner(Note("no candidate passed in this run", badge), pd.DataFrame(), None, baseline)
+    row = cands.loc[cands["median_ms"].idxmin()]
+    prog = progs[int(row["program_id"])]
+    text = f"best candidate: #{prog['id']} {prog['name']!r} ({prog['source']}), {row['median_ms']:.3f} ms"
+    if pd.notna(seed_ms):
+        ratio = seed_ms / row["median_ms"]
+        text += f", {ratio:.2f}x the seed ({seed_ms:.3f} ms)"
+        if ratio <= 1.0:
+            text += ": no candidate beat the seed in this run"
+    text += f" [{badge}]"
+    knobs = pd.DataFrame({"baseline": (baseline or {}).get("knobs") or {}, "best": prog.get("knobs") or {}})
+    if not knobs.empty:
+        knobs["changed"] = knobs["baseline"] != knobs["best"]
+    return Winner(Note(text, badge), knobs, prog, baseline)
+
+
+def sweep(evaluator: Evaluator, workload_dir: str | Path, candidate: str, presets: Iterable[str], *,
+          world_size: int, backend: str, iters: int = 20) -> Any:
+    """Evaluate one candidate file of the workload at several size presets, one after another (this blocks:
+    seconds on the simulator or replay, minutes on a GPU). Returns a pandas frame, one row per preset."""
+    import pandas as pd
+
+    wl = load_workload(workload_dir)
+    code = (wl.directory / candidate).read_text(encoding="utf-8")
+    rows = []
+    for name in presets:
+        params = dict(wl.size_presets[name]) if name in wl.size_presets else {}
+        res = evaluator.evaluate(EvalRequest(candidate_code=code, workload_dir=str(wl.directory), params=params,
+                                             world_size=world_size, backend=backend, iters=iters,
+                                             label=f"{candidate} @ {name}"))
+        rows.append({"sizes": name, **wl.resolve(params), "ranks": world_size, "backend": backend,
+                     "level": res.level_reached, "verdict": res.verdict, "median_ms": res.median_ms,
+                     "seed_ms": res.seed_median_ms, "speedup": res.speedup, "badge": res.badge,
+                     "reason": res.reason})
+    return pd.DataFrame(rows)
+
+
+# ---- the fast path from a notebook ---------------------------------------------------------------------------
+
+def fastpath_fixtures() -> list[Scripted]:
+    """Scripted FIXTURE answers for the fast path on gemm_allgather: Stage A, Stage B (LSA), annotate, in that
+    order, and a judge answer for any failed attempt. Every answer says it is a fixture."""
+    out = [answer(name, f"FIXTURE answer (recorded, not a live model).\n\n```cuda\n{fixtures.load(fname)}```\n")
+           for name, fname in FASTPATH_FIXTURES]
+    out.append(answer("judge", "FIXTURE diagnosis: no live model is answering in this run.",
+                      match="Diagnose the failure", times=0))
+    return out
+
+
+def _llm_configured() -> bool:
+    return bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))
+
+
+def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: str | None = None,
+              max_attempts: int | None = None) -> tuple[FastPath, Note]:
+    """A FastPath over the workload's host-NCCL seed and a note saying which LLM answers. Smoke runs, and
+    machines with no LLM configured ($OPENAI_API_KEY / $OPENAI_BASE_URL unset), get the fake server with the
+    recorded FIXTURE answers. L2 runs only with a real GPU evaluator; otherwise stages stop after L1 and say so."""
+    wl = load_workload(workload_dir)
+    seed_path = wl.directory / (seed_file or wl.seeds.get("nccl") or next(iter(wl.seeds.values())))
+    store = Store(run_db("01_fast_path"))
+    client: LLMClient
+    if smoke.enabled() or not _llm_configured():
+        client, server = smoke.fake_llm_for_smoke(fastpath_fixtures(), max_retries=0)
+        why = ("smoke run" if smoke.enabled()
+               else "no LLM configured (set OPENAI_API_KEY, or OPENAI_BASE_URL for a local server)")
+        note = Note(f"{why}: the LLM is a local fake server on {server.base_url} answering with recorded FIXTURE "
+                    "answers (model fixture-*), not a live model", "fixture")
+    else:
+        cfg = LLMConfig()
+        client = OpenAICompatibleClient(cfg)
+        note = Note(f"LLM: {cfg.model} at {cfg.base_url}", "info")
+    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled())
+    evaluator = choice.evaluator if choice.kind == "gpu" else None
+    fp = FastPath(seed_path.read_text(encoding="utf-8"), wl.directory, client, evaluator, store, fpc,
+                  seed_name=seed_path.name)
+    return fp, note
