@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The harness's GPU check in ONE command, for the device machine (system python3 with torch + NCCL + cupy):
+# The harness's GPU check in ONE command, for the device machine (system python3 with torch + NCCL):
 #   scripts/gpu_check.sh [--n N_PER_RANK] [--iters N] [--skip-adversarial]
 # Builds the all-gather samples and the adversarial set, evaluates them (nccl world 1, symm 2 and 4 ranks),
 # measures warm vs cold evaluation time, checks for leaks, writes JSON to $OUT (or benchmarks/harness/out) and
@@ -22,6 +22,6 @@ timeout --kill-after=20 560 $PY benchmarks/harness/run.py --out "$OUT" "$@"
 rc=$?
 [ $rc = 124 ] && echo "gpu_check: TIMED OUT after 560 s (partial JSON may be missing)"
 # anything we started must be gone even if run.py died
-left=$(pgrep -f "cuco_kit.evaluate.worker" || true)
+left=$(pgrep -f "cuco_kit.evaluate.rank.worker" || true)
 [ -n "$left" ] && { echo "gpu_check: LEAK: rank workers still running: $left"; rc=1; }
 exit $rc
