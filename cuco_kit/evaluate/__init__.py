@@ -7,7 +7,7 @@ the subpackage ``rank``: it imports torch, and the parent only starts it as a pr
 """
 import importlib
 
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, LEVELS, Progress
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Progress
 
 __all__ = ["EvalRequest", "EvalResult", "Evaluator", "LEVELS", "Progress", "GpuEvaluator", "EvaluatorConfig",
            "detect_gpu"]

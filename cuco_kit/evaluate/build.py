@@ -12,6 +12,7 @@ Failed builds leave a log but never a ``.so``, and are not cached (a timeout may
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -21,7 +22,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path

@@ -12,10 +12,8 @@ import atexit
 import datetime as _dt
 import json
 import os
-import re
 import shutil
 import site
-import subprocess
 import sys
 import tempfile
 import threading
