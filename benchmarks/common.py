@@ -21,13 +21,16 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from console import progress, say
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cuco_kit import markers  # noqa: E402
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
 from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu  # noqa: E402
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
+from cuco_kit.evaluate.stats import FLUSH_BYTES  # noqa: E402
 from cuco_kit.workload import load_workload  # noqa: E402
 
 L2_TRIALS = 4  # fresh-input trials per L2 check
@@ -124,8 +127,9 @@ class SampleBench:
         jobs += list(extra)
         t0 = time.monotonic()
         with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
-            self.builds = list(pool.map(lambda j: self.ev.prebuild(EvalRequest(
-                candidate_code=j[0], workload_dir=str(self.wl_dir), backend=j[1])), jobs))
+            built = pool.map(lambda j: self.ev.prebuild(EvalRequest(
+                candidate_code=j[0], workload_dir=str(self.wl_dir), backend=j[1])), jobs)
+            self.builds = list(progress(built, f"{self.sample} builds", total=len(jobs), unit="build"))
         self.build_s = time.monotonic() - t0
         print(f"[{self.sample}] built {sum(self.builds)}/{len(self.builds)} in {self.build_s:.1f} s", flush=True)
 
@@ -153,8 +157,8 @@ class SampleBench:
             row["logs"] = {k: v[-1500:] for k, v in r.logs.items()}
         self.rows.append(row)
         ms = f"{r.median_ms:.4f}" if r.median_ms else "-"
-        print(f"[{self.sample} {phase}] {name:40s} {backend}-{world} {tag:14s} {r.verdict:5s} {r.level_reached} "
-              f"{ms} {r.reason[:160]}", flush=True)
+        say(f"[{self.sample} {phase}] {name:40s} {backend}-{world} {tag:14s} {r.verdict:5s} {r.level_reached} "
+            f"{ms} {r.reason[:160]}")
         return row
 
     def bench_labels(self, labels: Iterable[str]) -> list[str]:
@@ -168,28 +172,26 @@ class SampleBench:
             raise SystemExit(f"--bench-presets: {unknown} not among this script's benchmark presets {labels}")
         return [x for x in labels if x in wanted]
 
+    def sources(self, world: int) -> list[tuple[str, str]]:
+        """(name, code) of what runs at `world`: the seeds, then every variant. Under symm the host-NCCL seed is
+        left out (host NCCL cannot run between ranks sharing one GPU)."""
+        seeds = [(n, c) for n, c in self.seeds.items() if WORLD_BACKEND[world] == "nccl" or n != "seed_nccl.cu"]
+        return seeds + [(short(kv), code) for kv, code in self.variants]
+
     def l2(self, presets: Iterable[str]) -> None:
         """L2 (several fresh-input trials) of both seeds and every variant at every world size and preset
         (`--l2-presets` replaces the script's list)."""
-        for preset in self.args.l2_presets.split(",") if self.args.l2_presets else presets:
-            for world in self.worlds:
-                for name, code in self.seeds.items():
-                    if WORLD_BACKEND[world] == "symm" and name == "seed_nccl.cu":
-                        continue  # host NCCL cannot run between ranks sharing one GPU
-                    self.run(name, code, world, preset, "L2", iters=3, trials=L2_TRIALS, measure_seed=False)
-                for kv, code in self.variants:
-                    self.run(short(kv), code, world, preset, "L2", iters=3, trials=L2_TRIALS, measure_seed=False)
+        jobs = [(name, code, world, preset)
+                for preset in (self.args.l2_presets.split(",") if self.args.l2_presets else presets)
+                for world in self.worlds for name, code in self.sources(world)]
+        for name, code, world, preset in progress(jobs, f"{self.sample} L2"):
+            self.run(name, code, world, preset, "L2", iters=3, trials=L2_TRIALS, measure_seed=False)
 
     def bench(self, preset: str, world: int, params: Mapping[str, int] | None = None, label: str | None = None,
               timeline: bool = False) -> None:
         """Both seeds (the copy seed alone under symm) and every variant, each against the world's seed."""
-        for name, code in self.seeds.items():
-            if WORLD_BACKEND[world] == "symm" and name == "seed_nccl.cu":
-                continue
+        for name, code in progress(self.sources(world), f"{self.sample} {label or preset} world {world}"):
             self.run(name, code, world, preset, "bench", params, label, iters=self.args.iters, timeline=timeline)
-        for kv, code in self.variants:
-            self.run(short(kv), code, world, preset, "bench", params, label, iters=self.args.iters,
-                     timeline=timeline)
 
     # ------------------------------------------------------------------------------------------ finishing
     def finish(self, extra: Mapping[str, Any], table: str) -> int:
@@ -255,10 +257,10 @@ def torch_child(code: str, *args: Any, timeout_s: float = 300.0) -> dict[str, An
 
 # Shared by the reference children: events + median, cold L2 before every iteration, fresh inputs through
 # `refresh()`, and the profiler's per-iteration kernel time of the kernels whose names match a pattern.
-TIMING_PRELUDE = r"""
+TIMING_PRELUDE = f"""
 import json, re, statistics, sys, torch
 torch.cuda.set_device(0)
-FLUSH = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+FLUSH = torch.empty({FLUSH_BYTES}, dtype=torch.uint8, device="cuda")  # the harness's L2 flush
 
 def time_it(fn, refresh, iters):
     for _ in range(3):

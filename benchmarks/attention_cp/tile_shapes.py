@@ -36,7 +36,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE.parent))
 
-from common import TIMING_PRELUDE, detect_gpu  # noqa: E402
+from common import TIMING_PRELUDE  # noqa: E402
+
+from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
 
 SAMPLE = ROOT / "sample_kernels" / "attention_cp"
 PRESETS = ("paper", "paper_noncausal", "d32", "d128")

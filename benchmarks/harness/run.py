@@ -23,24 +23,23 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from console import progress, say  # noqa: E402
 
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
 from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
 from cuco_kit.evaluate.mps import mps_daemon_pids  # noqa: E402
+from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
 
 WL = ROOT / "sample_kernels" / "allgather"
 ADV = ROOT / "tests" / "data" / "adversarial"
 
 
 def gpu_memory_used() -> list[int]:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30).stdout
-        return [int(x) for x in out.split()]
-    except Exception:
-        return []
+    """MiB in use on each GPU, as nvidia-smi lists them."""
+    return [int(g["memory.used"]) for g in detect_gpu() if g["memory.used"].isdigit()]
 
 
 def compute_apps() -> list[str]:
@@ -85,8 +84,8 @@ def run_case(ev: GpuEvaluator, name: str, path: Path, backend: str, world: int, 
            "notes": d.get("provenance", {}).get("notes", []), "provenance": d.get("provenance", {})}
     if not ok:
         row["logs"] = {k: v[-2500:] for k, v in (d.get("logs") or {}).items()}
-    print(f"[{'ok ' if ok else 'BAD'}] {name:28s} {backend}-{world}: {d['verdict']} {d.get('level_reached')} "
-          f"{(d.get('reason') or '')[:100]} {'' if ok else '<- ' + why}", flush=True)
+    say(f"[{'ok ' if ok else 'BAD'}] {name:28s} {backend}-{world}: {d['verdict']} {d.get('level_reached')} "
+        f"{(d.get('reason') or '')[:100]} {'' if ok else '<- ' + why}")
     return row
 
 
@@ -139,37 +138,43 @@ def main(argv: list[str] | None = None) -> int:
     ev = GpuEvaluator(cfg)
     n_gpus = len(gpus)
     worlds = [("nccl", 1), ("symm", 2), ("symm", 4)]
+    expected = json.loads((ADV / "EXPECTED.json").read_text())
+    adversarial = [] if args.skip_adversarial else [
+        (fname, exp, backend, world) for fname, exp in expected.items() if not fname.startswith("_")
+        for backend, world in (("nccl", 1), ("symm", 2)) if backend in exp.get("backends", ["nccl", "symm"])]
+    # baseline and seed per world, nccl-2 on two GPUs, 3 warm, the adversarial set, 1 cold
+    bar = progress(desc="gpu check", total=2 * len(worlds) + (n_gpus >= 2) + 3 + len(adversarial) + 1, unit="case")
+
+    def case(*a: Any) -> dict[str, Any]:
+        row = run_case(*a)
+        bar.update()
+        return row
+
     try:
         # 1-2: the device-initiated baseline and the seeds
         for backend, world in worlds:
-            rows.append(run_case(ev, "device_lsa.cu", WL / "device_lsa.cu", backend, world, params,
-                                 {"verdict": "pass"}, args.iters))
+            rows.append(case(ev, "device_lsa.cu", WL / "device_lsa.cu", backend, world, params, {"verdict": "pass"},
+                             args.iters))
             seed = WL / ("seed_nccl.cu" if backend == "nccl" else "seed_copy.cu")
-            rows.append(run_case(ev, seed.name, seed, backend, world, params, {"verdict": "pass"}, args.iters))
+            rows.append(case(ev, seed.name, seed, backend, world, params, {"verdict": "pass"}, args.iters))
         if n_gpus >= 2:
-            rows.append(run_case(ev, "device_lsa.cu", WL / "device_lsa.cu", "nccl", 2, params, {"verdict": "pass"},
-                                 args.iters))
+            rows.append(case(ev, "device_lsa.cu", WL / "device_lsa.cu", "nccl", 2, params, {"verdict": "pass"},
+                             args.iters))
         # 4: warm per-candidate time (the build is cached by now)
-        warm = [run_case(ev, "device_lsa.cu (warm)", WL / "device_lsa.cu", "symm", 2, params, {"verdict": "pass"},
-                         args.iters) for _ in range(3)]
+        warm = [case(ev, "device_lsa.cu (warm)", WL / "device_lsa.cu", "symm", 2, params, {"verdict": "pass"},
+                     args.iters) for _ in range(3)]
         rows += warm
         # 3: adversarial set
-        expected = json.loads((ADV / "EXPECTED.json").read_text())
-        if not args.skip_adversarial:
-            for fname, exp in expected.items():
-                if fname.startswith("_"):
-                    continue
-                for backend, world in (("nccl", 1), ("symm", 2)):
-                    if backend not in exp.get("backends", ["nccl", "symm"]):
-                        continue
-                    if time.monotonic() - t_start > args.budget_s:
-                        skipped.append(f"{fname} {backend}-{world}")
-                        continue
-                    honest = world < exp.get("min_world", 1)
-                    e = {"verdict": "pass"} if honest else {"verdict": "fail", "level": exp["level"],
-                                                             "reason": exp["reason_contains"], "l0_available": has_l0}
-                    parent = ROOT / exp["parent"] if exp.get("parent") else None
-                    rows.append(run_case(ev, fname, ADV / fname, backend, world, params, e, args.iters, parent))
+        for fname, exp, backend, world in adversarial:
+            if time.monotonic() - t_start > args.budget_s:
+                skipped.append(f"{fname} {backend}-{world}")
+                bar.update()
+                continue
+            honest = world < exp.get("min_world", 1)
+            e = {"verdict": "pass"} if honest else {"verdict": "fail", "level": exp["level"],
+                                                     "reason": exp["reason_contains"], "l0_available": has_l0}
+            parent = ROOT / exp["parent"] if exp.get("parent") else None
+            rows.append(case(ev, fname, ADV / fname, backend, world, params, e, args.iters, parent))
     finally:
         ev.close()
     # cold start: a fresh evaluator, one candidate
@@ -177,13 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     if time.monotonic() - t_start < args.budget_s + 60:
         ev2 = GpuEvaluator(EvaluatorConfig(cache_dir=cache, scratch_root=Path(tempfile.mkdtemp(prefix="cuco-cold-"))))
         try:
-            cold_row = run_case(ev2, "device_lsa.cu (cold)", WL / "device_lsa.cu", "symm", 2, params,
-                                {"verdict": "pass"}, args.iters)
+            cold_row = case(ev2, "device_lsa.cu (cold)", WL / "device_lsa.cu", "symm", 2, params, {"verdict": "pass"},
+                            args.iters)
             rows.append(cold_row)
         finally:
             ev2.close()
     else:
         skipped.append("cold start measurement")
+    bar.close()
     # 5: leaks
     time.sleep(2.0)
     leaks = {"rank_processes": live_worker_pids(), "mps_daemons_we_left": sorted(set(mps_daemon_pids()) - mps_before),

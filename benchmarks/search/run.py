@@ -26,7 +26,6 @@ import concurrent.futures as cf
 import datetime as dt
 import json
 import os
-import shutil
 import sqlite3
 import statistics
 import sys
@@ -41,6 +40,7 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 os.chdir(ROOT)  # stores record the workload as a repo-relative path, not this machine's
 from cuco_kit.evaluate.device import MULTICAST_OFF  # noqa: E402 -- after the sys.path insert
 
@@ -48,9 +48,16 @@ os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the laun
 # Optuna 5 deprecates constraints_func (still honoured); once per ask it would drown the log.
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
 
+from console import progress, say  # noqa: E402
+
 from cuco_kit import markers  # noqa: E402
-from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
+from cuco_kit.evaluate import build as build_mod  # noqa: E402
 from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
+from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
+from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
+from cuco_kit.evaluate.replay import ReplayEvaluator  # noqa: E402
+from cuco_kit.evaluate.simulated import SimulatedEvaluator  # noqa: E402
 from cuco_kit.events import EventBus  # noqa: E402
 from cuco_kit.search.budget import BudgetConfig  # noqa: E402
 from cuco_kit.search.config import SearchConfig  # noqa: E402
@@ -113,7 +120,7 @@ def prebuild_all(jobs: list[tuple[str, str, str]], build_one: Callable[[str, str
             results.append(row)
 
     with cf.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="prebuild") as pool:
-        list(pool.map(one, jobs))
+        list(progress(pool.map(one, jobs), "builds", total=len(jobs), unit="build"))
     done = [r for r in results if not r.get("skipped")]
     return {"jobs": len(jobs), "built": len(done), "ok": sum(1 for r in done if r["ok"]),
             "cache_hits": sum(1 for r in done if r.get("cached")), "workers": workers,
@@ -174,10 +181,12 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
     cfg.phases.exploit.mix = {"design_space": 1.0}
     source = DesignSpaceSource() if method == "search" else RandomKnobSource()
     events = EventBus()
+    bar = progress(desc=name)  # the engine may overshoot its evaluation budget by a generation: no total
 
     def show(ev: Any) -> None:
         if ev.kind != "evaluation_finished":
             return
+        bar.update()
         d = ev.data
         try:
             knobs = store.program(d["program_id"])["knobs"]
@@ -185,8 +194,8 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
             knobs = {}
         val = (f"{d['median_ms']:.4f} ms {d['speedup']:.3f}x" if d.get("median_ms") is not None
                and d.get("speedup") is not None else (d.get("reason") or "")[:90])
-        print(f"  [{name}] eval {d['evaluation_id']:3d} {short(knobs):28s} {d['verdict']:5s} "
-              f"{d['level_reached']} [{d['badge']}] {val}", flush=True)
+        say(f"  [{name}] eval {d['evaluation_id']:3d} {short(knobs):28s} {d['verdict']:5s} "
+            f"{d['level_reached']} [{d['badge']}] {val}")
 
     events.subscribe(show)
     engine = BenchEngine(WL_REL, store, evaluator, [source], cfg, events, resume=False)
@@ -198,6 +207,8 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
     except Exception as exc:  # noqa: BLE001 -- recorded; the next run still gets its turn
         error = f"{type(exc).__name__}: {exc}"
         summary = engine.summary().to_dict() if engine.run_id is not None else {}
+    finally:
+        bar.close()
     wall = time.monotonic() - t0
     rows = evaluation_rows(store, engine.run_id) if engine.run_id is not None else []
     cands = [r for r in rows if r["source"] != "seed"]
@@ -296,8 +307,6 @@ def compact(path: Path) -> dict[str, int]:
 def check_replay(path: Path) -> dict[str, Any]:
     """Every finished real (or, in a dry run, simulated) evaluation of the store is served back by the replay
     evaluator for a request built from the program's code and the stored request's parameters."""
-    from cuco_kit.evaluate.replay import ReplayEvaluator
-
     st = Store(path, readonly=True)
     try:
         badges = {e["badge"] for e in st.evaluations()}
@@ -474,15 +483,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # Evaluator
     if args.dry_run:
-        from cuco_kit.evaluate.simulated import SimulatedEvaluator
-
         evaluator: Any = SimulatedEvaluator(seed=0)
         cache_dir = Path(tempfile.mkdtemp(prefix="cuco-search-dry-cache-"))
         build_cfg = None
     else:
-        from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-        from cuco_kit.evaluate.device import detect_gpu
-
         if not detect_gpu():
             print("no GPU (nvidia-smi lists none): use --dry-run on a CPU machine")
             return 2
@@ -505,8 +509,6 @@ def main(argv: list[str] | None = None) -> int:
     search_wall, history, fatal = 0.0, [], None
     try:
         # 1. builds
-        from cuco_kit.evaluate import build as build_mod
-
         jobs = [(f"device_lsa {short(v)}", code, b) for b in backends for v, code in variants]
         for b in backends:
             seed_file = wl.seeds[b]

@@ -1,5 +1,13 @@
-"""Evaluation: the cascade L0-L3, the launcher and rank workers, replay. Imports only what the GPU image has."""
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, LEVELS, Progress
+"""Evaluation: the cascade L0-L3, the launcher and rank workers, replay. Imports only what the GPU image has.
+
+Two sides. The parent (notebook kernel, CLI, search) imports the modules of this package: api, device, stats,
+build, launcher, pool, mps, gpu_evaluator, replay, simulated; none of them imports torch or creates a CUDA
+context. What runs inside the rank processes (the worker loop, the harness, the backends, the ABI mirror) is
+the subpackage ``rank``: it imports torch, and the parent only starts it as a process, never imports it.
+"""
+import importlib
+
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Progress
 
 __all__ = ["EvalRequest", "EvalResult", "Evaluator", "LEVELS", "Progress", "GpuEvaluator", "EvaluatorConfig",
            "detect_gpu"]
@@ -9,9 +17,7 @@ _LAZY = {"GpuEvaluator": "cuco_kit.evaluate.gpu_evaluator", "EvaluatorConfig": "
          "detect_gpu": "cuco_kit.evaluate.device"}
 
 
-def __getattr__(name: str):  # the GPU evaluator imports torch: only when asked for
+def __getattr__(name: str):  # the GPU evaluator is imported only when asked for
     if name in _LAZY:
-        import importlib
-
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'cuco_kit.evaluate' has no attribute {name!r}")

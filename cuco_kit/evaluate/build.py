@@ -12,6 +12,7 @@ Failed builds leave a log but never a ``.so``, and are not cached (a timeout may
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -21,7 +22,6 @@ import signal
 import subprocess
 import tempfile
 import time
-import dataclasses
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -288,3 +288,12 @@ def build_file(path: str | Path, backend: str, cfg: BuildConfig | None = None,
     except OSError as e:
         raise BadInput(f"{p}: cannot read candidate ({e.strerror})") from e
     return build(code, backend, cfg, cache_dir)
+
+
+def build_helpers(cache_dir: str | Path, cfg: BuildConfig | None = None) -> Path:
+    """Build (or find cached) libcuco_harness.so, the harness's own device work inside a rank
+    (runtime/harness_helpers.cu), with the same nvcc settings as candidates. The parent builds it; ranks load it."""
+    res = build((RUNTIME_DIR / "harness_helpers.cu").read_text(), "nccl", cfg, cache_dir)
+    if not res.ok or res.so_path is None:
+        raise RuntimeError(f"building the harness helpers failed:\n{res.log[-3000:]}")
+    return Path(res.so_path)

@@ -12,9 +12,8 @@ import atexit
 import datetime as _dt
 import json
 import os
-import re
 import shutil
-import subprocess
+import site
 import sys
 import tempfile
 import threading
@@ -23,10 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
+from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
-from cuco_kit.evaluate.harness import FLUSH_BYTES, iteration_stats
+from cuco_kit.evaluate.build import BuildConfig, build, build_helpers, for_workload, nccl_header_version
+from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
+from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
+from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats
 from cuco_kit.workload import load_workload
 
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
@@ -51,7 +53,7 @@ class EvaluatorConfig:
     start_timeout_s: float = 300.0
     request_timeout_s: float = 900.0
     run_l0: bool = True
-    build: Any = None  # build.BuildConfig; None = its defaults
+    build: BuildConfig | None = None  # None = its defaults
 
     def pool_config(self) -> PoolConfig:
         return PoolConfig(recycle_every=self.recycle_every, start_timeout_s=self.start_timeout_s)
@@ -73,12 +75,6 @@ def run_l0(code: str, parent_code: str | None) -> tuple[bool | None, list[str], 
     return bool(rep.ok), list(rep.reasons), ""
 
 
-def _build_mod() -> Any:
-    from cuco_kit.evaluate import build
-
-    return build
-
-
 def _emit(progress: Progress | None, **event: Any) -> None:
     if progress is not None:
         try:
@@ -88,8 +84,6 @@ def _emit(progress: Progress | None, **event: Any) -> None:
 
 
 def _site_prefixes() -> list[tuple[str, str]]:
-    import site
-
     dirs = [(str(REPO_ROOT), "<repo>")]
     dirs += [(d, "<site-packages>") for d in (site.getsitepackages() + [site.getusersitepackages()]) if d]
     dirs += [(tempfile.gettempdir() + os.sep, "<tmp>/"), (str(Path.home()), "<home>")]
@@ -117,7 +111,7 @@ class GpuEvaluator:
         self.root = Path(self.cfg.scratch_root or tempfile.mkdtemp(prefix="cuco-eval-"))
         self.root.mkdir(parents=True, exist_ok=True)
         self.pool = WorkerPool(self.cfg.pool_config(), self.root / "ranks")
-        self._mps: Any = None
+        self._mps: MpsDaemon | None = None
         self._lock = threading.Lock()
         self._helpers: Path | None = None
         self._gpus: list[dict[str, str]] | None = None
@@ -135,9 +129,8 @@ class GpuEvaluator:
     def prebuild(self, request: EvalRequest) -> bool:
         """L1 for a request ahead of its evaluation (thread-safe, no GPU): the search calls this for upcoming
         candidates so nvcc runs while the GPU evaluates. Returns whether the build succeeded (or was cached)."""
-        bm = _build_mod()
-        cfg = bm.for_workload(self.cfg.build, request.workload_dir)
-        return bool(bm.build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
+        cfg = for_workload(self.cfg.build, request.workload_dir)
+        return bool(build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
 
     def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
                  timeout_s: float = 300.0) -> str:
@@ -156,9 +149,8 @@ class GpuEvaluator:
         wl = load_workload(req.workload_dir)
         params = wl.resolve(req.params)
         if so_path is None:
-            bm = _build_mod()
-            b = bm.build(req.candidate_code, req.backend, bm.for_workload(self.cfg.build, wl.directory),
-                         self.cfg.cache_dir)
+            b = build(req.candidate_code, req.backend, for_workload(self.cfg.build, wl.directory),
+                      self.cfg.cache_dir)
             if not b.ok:
                 return "build failed:\n" + _tail(b.log)
             so_path = b.so_path
@@ -193,8 +185,6 @@ class GpuEvaluator:
         wl = load_workload(req.workload_dir)  # misuse (no workload) raises BadInput
         params = wl.resolve(req.params)
         if req.backend not in ("nccl", "symm"):
-            from cuco_kit.errors import BadInput
-
             raise BadInput(f"backend {req.backend!r}: use nccl or symm")
         prov = self._base_provenance(req)
         logs: dict[str, str] = {}
@@ -210,10 +200,9 @@ class GpuEvaluator:
                                   provenance=prov)
             _emit(progress, level="L0", rank=None, step="static", done=1, total=1)
         # L1
-        bm = _build_mod()
         _emit(progress, level="L1", rank=None, step="build", done=0, total=1)
-        bcfg = bm.for_workload(self.cfg.build, wl.directory)
-        b = bm.build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
+        bcfg = for_workload(self.cfg.build, wl.directory)
+        b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
         logs["build"] = _tail(b.log)
         prov["build_seconds"] = round(b.seconds, 3)
         prov["build_cached"] = b.cached
@@ -232,7 +221,7 @@ class GpuEvaluator:
         seed_so = None
         if req.measure_seed:
             seed_code = wl.seed_for(req.backend).read_text()
-            sb = bm.build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
+            sb = build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
             if not sb.ok:
                 logs["seed_build"] = _tail(sb.log)
                 return EvalResult("L1", "error", f"the workload's {req.backend} seed does not build: the "
@@ -247,14 +236,10 @@ class GpuEvaluator:
 
     def _helpers_so(self) -> Path:
         if self._helpers is None:
-            from cuco_kit.evaluate.harness import build_helpers
-
             self._helpers = build_helpers(self.cfg.cache_dir, self.cfg.build)
         return self._helpers
 
-    def _mps_state(self, world: int) -> Any:
-        from cuco_kit.evaluate.mps import MpsDaemon, MpsState
-
+    def _mps_state(self, world: int) -> MpsState:
         if not self.cfg.use_mps:
             return MpsState(False, False, note="MPS disabled by config")
         if self._mps is None:
@@ -262,9 +247,8 @@ class GpuEvaluator:
         return self._mps.ensure()
 
     def _group_spec(self, req: EvalRequest, params: dict[str, int], scratch: Path) -> GroupSpec:
-        bm = _build_mod()
-        bcfg = self.cfg.build or bm.BuildConfig()
-        header = bm.nccl_header_version(bcfg.nccl_include) if bcfg.nccl_include else None
+        bcfg = self.cfg.build or BuildConfig()
+        header = nccl_header_version(bcfg.nccl_include) if bcfg.nccl_include else None
         config = {"workload_dir": str(Path(req.workload_dir).resolve()), "params": params,
                   "backend": req.backend, "helpers_so": str(self._helpers_so()), "flag_words": self.cfg.flag_words,
                   "flush_bytes": self.cfg.flush_bytes, "nccl_header_version": header,

@@ -26,7 +26,6 @@ from typing import Any, Mapping, Sequence
 
 from cuco_kit.evaluate.device import MULTICAST_OFF
 
-
 # The secret rule: a variable is dropped when its upper-cased name
 #   - is one of the exact names below, or
 #   - starts with AWS_, AZURE_, GCP_, GOOGLE_APPLICATION_ or OPENAI_ / ANTHROPIC_, or

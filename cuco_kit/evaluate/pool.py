@@ -1,6 +1,6 @@
 """Warm rank workers, parent side: start a world of worker processes once, send them commands, recycle them.
 
-A ``WorkerGroup`` is N rank processes (launcher.launch) serving the store protocol of worker.py. A
+A ``WorkerGroup`` is N rank processes (launcher.launch) serving the store protocol of rank/worker.py. A
 ``WorkerPool`` keeps one group per key (workload, sizes, world, backend) and recycles it after any fatal reply
 (CUDA error), any hang, and every ``recycle_every`` commands. The parent never creates a CUDA context: it only
 hosts the store and watches progress.
@@ -20,6 +20,8 @@ from typing import Any, Callable, Mapping, Sequence
 from cuco_kit.evaluate.launcher import RankGroup, host_store, launch
 
 ProgressFn = Callable[[dict[str, Any]], None]
+# What every rank process runs (`python -m`); named here only, never imported: it lives in the rank package.
+WORKER_MODULE = "cuco_kit.evaluate.rank.worker"
 
 
 class WorkerError(RuntimeError):
@@ -44,7 +46,7 @@ class GroupSpec:
     per_rank_env: list[dict[str, str]] | None = None
     local_ranks: list[int] | None = None
     python: str = sys.executable
-    pythonpath: str | None = None  # prepended to PYTHONPATH so `-m cuco_kit.evaluate.worker` imports
+    pythonpath: str | None = None  # prepended to PYTHONPATH so `-m WORKER_MODULE` imports
     wrapper: list[str] = field(default_factory=list)  # a tool the ranks run under (compute-sanitizer ...)
 
 
@@ -88,7 +90,7 @@ class WorkerGroup:
         pp = [p for p in (spec.pythonpath, os.environ.get("PYTHONPATH")) if p]
         if pp:
             env["PYTHONPATH"] = os.pathsep.join(pp)
-        self.group = launch([*spec.wrapper, spec.python, "-m", "cuco_kit.evaluate.worker"], spec.world, scratch=spec.scratch,
+        self.group = launch([*spec.wrapper, spec.python, "-m", WORKER_MODULE], spec.world, scratch=spec.scratch,
                             master_port=self.port, extra_env=env, per_rank_env=spec.per_rank_env,
                             local_ranks=spec.local_ranks)
         keys = [f"ready/{r}" for r in range(spec.world)]
@@ -285,7 +287,7 @@ def live_worker_pids() -> list[int]:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if b"cuco_kit.evaluate.worker" in (d / "cmdline").read_bytes():
+                if WORKER_MODULE.encode() in (d / "cmdline").read_bytes():
                     out.append(int(d.name))
             except OSError:
                 pass

@@ -9,19 +9,20 @@ replayed from.
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 from pathlib import Path
 from typing import Any, Mapping
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Progress
+from cuco_kit.store import Store
+from cuco_kit.workload import load_workload
 
 MISS_REASON = "not in the replay database"
 
 
 def _code_hash(code: str) -> str:
-    import hashlib
-
     return hashlib.sha256(code.encode("utf-8")).hexdigest()
 
 
@@ -29,8 +30,6 @@ class ReplayEvaluator:
     badge = "replayed"
 
     def __init__(self, db_path: str | Path, *, accept_badges: tuple[str, ...] = ("real",)) -> None:
-        from cuco_kit.store import Store
-
         p = Path(db_path)
         if not p.is_file():
             raise BadInput(f"replay database {p} does not exist; point the replay evaluator at a committed store "
@@ -63,8 +62,6 @@ class ReplayEvaluator:
         """Params with the workload's defaults filled in (as given when the workload cannot be loaded)."""
         if workload_dir not in self._workload_params:
             try:
-                from cuco_kit.workload import load_workload
-
                 self._workload_params[workload_dir] = dict(load_workload(workload_dir).params)
             except Exception:  # noqa: BLE001 -- a replay on a machine without the workload still matches raw
                 self._workload_params[workload_dir] = None

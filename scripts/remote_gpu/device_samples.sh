@@ -69,7 +69,7 @@ for step in "$@"; do
   [ "$src" = 0 ] || rc=1
   tar czf "$OUT/$step.tgz" -C "$WORK" "$step"
   # anything a killed step started must not outlive it (the bracket keeps the pattern off pkill's own command line)
-  pkill -9 -f "[c]uco_kit.evaluate.worker" && echo "== $step: killed leftover rank workers"
+  pkill -9 -f "[c]uco_kit.evaluate.rank.worker" && echo "== $step: killed leftover rank workers"
   if [ "$src" = 124 ] || [ "$src" = 137 ]; then pkill -f "[n]vidia-cuda-mps" && echo "== $step: stopped its MPS daemon"; fi
 done
 exit $rc

@@ -22,6 +22,6 @@ timeout --kill-after=20 560 $PY benchmarks/harness/run.py --out "$OUT" "$@"
 rc=$?
 [ $rc = 124 ] && echo "gpu_check: TIMED OUT after 560 s (partial JSON may be missing)"
 # anything we started must be gone even if run.py died
-left=$(pgrep -f "cuco_kit.evaluate.worker" || true)
+left=$(pgrep -f "cuco_kit.evaluate.rank.worker" || true)
 [ -n "$left" ] && { echo "gpu_check: LEAK: rank workers still running: $left"; rc=1; }
 exit $rc

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
+
 
 @pytest.fixture(scope="module")
 def evaluator():
-    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-
     ev = GpuEvaluator()
     yield ev
     ev.close()

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
 
+from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -16,8 +19,6 @@ pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU")
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    import json
-
     spec = importlib.util.spec_from_file_location("harness_run", ROOT / "benchmarks" / "harness" / "run.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
@@ -58,11 +59,6 @@ def test_no_leaks(summary: dict) -> None:
 
 @pytest.mark.timeout(300)
 def test_timeline_has_every_rank_and_the_candidates_kernels() -> None:
-    from pathlib import Path
-
-    from cuco_kit.evaluate.api import EvalRequest
-    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-
     wl = Path(__file__).resolve().parents[2] / "sample_kernels" / "allgather"
     ev = GpuEvaluator()
     try:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.workload import load_workload
 
@@ -31,8 +32,6 @@ CASES = [
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("sample, preset", CASES)
 def test_seeds_and_baseline_pass_l2_at_one_and_two_ranks(evaluator, sample: str, preset: str) -> None:
-    from cuco_kit.evaluate.api import EvalRequest
-
     wl_dir = ROOT / "sample_kernels" / sample
     wl = load_workload(wl_dir)
     params = wl.resolve(wl.size_presets[preset])

@@ -2,7 +2,6 @@
 and the baseline's knob block."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -12,7 +11,9 @@ import torch
 
 from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
-from cuco_kit.workload import DTYPES, load_workload
+from cuco_kit.evaluate import build
+from cuco_kit.evaluate.rank.harness import rel_error
+from cuco_kit.workload import DTYPES
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "attention_cp"
 SOURCES = ("seed_nccl.cu", "seed_copy.cu", "device_lsa.cu")
@@ -20,32 +21,6 @@ SOURCES = ("seed_nccl.cu", "seed_copy.cu", "device_lsa.cu")
 
 def tiny(causal: int, seq: int = 16, heads: int = 2, d: int = 32) -> dict[str, int]:
     return {"SEQ": seq, "H": heads, "D": d, "CAUSAL": causal}
-
-
-@pytest.fixture(scope="module")
-def wl():
-    return load_workload(SAMPLE)
-
-
-@pytest.fixture(scope="module")
-def mod():
-    spec = importlib.util.spec_from_file_location("attention_cp_workload_under_test", SAMPLE / "workload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
-
-
-def inputs_for(wl, params, world: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    out = []
-    for r in range(world):
-        g = torch.Generator(device="cpu").manual_seed(seed * 1000 + r)
-        out.append(dict(wl.make_inputs(params, world, r, g)))
-    return out
 
 
 def gathered(ins, name: str) -> torch.Tensor:
@@ -89,13 +64,13 @@ def test_loads_with_files_and_presets(wl):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 8])
-def test_shapes_and_capacities_per_world_size(wl, mod, world):
+def test_shapes_and_capacities_per_world_size(wl, wl_module, world):
     p = wl.resolve(wl.size_presets["small"])
     shapes = {t.name: t.dims(p, world) for t in wl.tensors}
     assert shapes == {n: (1024 // world, 4, 64) for n in ("q", "k", "v", "o")}
     for t in wl.tensors:
         assert t.capacity_bytes(p, world) == 1024 // world * 4 * 64 * DTYPES["bf16"][1]
-    assert mod.scratch_bytes(p, world) == 1024 * 4 * 64 * 2  # the whole gathered K (or V), on every rank
+    assert wl_module.scratch_bytes(p, world) == 1024 * 4 * 64 * 2  # the whole gathered K (or V), on every rank
 
 
 def test_flops_and_comm_bytes(wl):
@@ -134,7 +109,7 @@ def test_unknown_parameter_is_refused(wl):
         wl.resolve({"S": 4})
 
 
-def test_make_inputs_bf16_unit_normal_and_seeded(wl):
+def test_make_inputs_bf16_unit_normal_and_seeded(wl, inputs_for):
     p = tiny(1, seq=256, heads=4, d=64)
     a = inputs_for(wl, p, 2, seed=1)
     b = inputs_for(wl, p, 2, seed=1)
@@ -165,7 +140,7 @@ def direct_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
 
 @pytest.mark.parametrize("causal", [0, 1])
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_reference_matches_direct_softmax(wl, causal, world):
+def test_reference_matches_direct_softmax(wl, causal, world, inputs_for):
     p = tiny(causal)
     ins = inputs_for(wl, p, world, seed=3)
     ref = wl.reference(ins, p, world)
@@ -178,7 +153,7 @@ def test_reference_matches_direct_softmax(wl, causal, world):
         torch.testing.assert_close(o.double(), want[r * Sr:(r + 1) * Sr], rtol=1e-5, atol=1e-5)
 
 
-def test_causal_and_full_differ_and_causal_uses_global_positions(wl):
+def test_causal_and_full_differ_and_causal_uses_global_positions(wl, inputs_for):
     ins = inputs_for(wl, tiny(1), 2, seed=4)
     causal = wl.reference(ins, tiny(1), 2)
     full = wl.reference(ins, tiny(0), 2)
@@ -190,7 +165,7 @@ def test_causal_and_full_differ_and_causal_uses_global_positions(wl):
     torch.testing.assert_close(causal[0]["o"][0], ins[0]["v"][0].float(), rtol=1e-5, atol=1e-5)
 
 
-def test_block_results_merged_by_log_sum_exp_equal_the_reference(wl):
+def test_block_results_merged_by_log_sum_exp_equal_the_reference(wl, inputs_for):
     """The merge the kernels rely on: attention over K/V blocks processed separately (local block first), merged
     with O = sum_b exp(lse_b - lse) O_b, equals attention over the gathered sequence, causal included."""
     world = 4
@@ -215,7 +190,7 @@ def test_block_results_merged_by_log_sum_exp_equal_the_reference(wl):
     torch.testing.assert_close(merged, ref[r]["o"].double(), rtol=1e-5, atol=1e-5)
 
 
-def test_reference_refuses_wrong_rank_count_and_shapes(wl):
+def test_reference_refuses_wrong_rank_count_and_shapes(wl, inputs_for):
     ins = inputs_for(wl, tiny(1), 2)
     with pytest.raises(BadInput, match="2 ranks"):
         wl.reference(ins, tiny(1), 4)
@@ -224,7 +199,7 @@ def test_reference_refuses_wrong_rank_count_and_shapes(wl):
 
 
 @pytest.mark.parametrize("causal", [0, 1])
-def test_tolerance_passes_bf16_kernel_and_fails_real_bugs(wl, causal):
+def test_tolerance_passes_bf16_kernel_and_fails_real_bugs(wl, causal, inputs_for):
     world = 4
     p = wl.resolve({**wl.size_presets["small"], "CAUSAL": causal})
     ins = inputs_for(wl, p, world, seed=5)
@@ -233,7 +208,7 @@ def test_tolerance_passes_bf16_kernel_and_fails_real_bugs(wl, causal):
     good = emulated_kernel(q, k, v, bool(causal))
     Sr = p["SEQ"] // world
     for r in range(world):
-        err = rel_err(good[r * Sr:(r + 1) * Sr], ref[r]["o"])
+        err = rel_error(good[r * Sr:(r + 1) * Sr], ref[r]["o"])
         assert 1e-3 < err < wl.tolerance.rel / 2, err  # the documented ~2.2e-3
         assert wl.tolerance.passes(err)
     # rank 3 (the one that needs every block, causally too)
@@ -241,7 +216,7 @@ def test_tolerance_passes_bf16_kernel_and_fails_real_bugs(wl, causal):
     want = ref[3]["o"]
     one_row = good[mine].clone()
     one_row[100, 2] = 0
-    assert not wl.tolerance.passes(rel_err(one_row, want))
+    assert not wl.tolerance.passes(rel_error(one_row, want))
     # one 64-token K/V chunk of rank 0 stale (previous step's data) or never arrived (zeros)
     g = torch.Generator().manual_seed(11)
     for fill in ("stale", "zeros"):
@@ -253,10 +228,10 @@ def test_tolerance_passes_bf16_kernel_and_fails_real_bugs(wl, causal):
             k2[64:128] = 0
             v2[64:128] = 0
         bad = emulated_kernel(q, k2, v2, bool(causal))[mine]
-        assert not wl.tolerance.passes(rel_err(bad, want)), fill
+        assert not wl.tolerance.passes(rel_error(bad, want)), fill
     nan = good[mine].clone()
     nan[3, 1, 4] = float("nan")
-    assert not wl.tolerance.passes(rel_err(nan, want))
+    assert not wl.tolerance.passes(rel_error(nan, want))
 
 
 # ---------------------------------------------------------------------------------------- the .cu files
@@ -316,7 +291,6 @@ def test_bad_knob_value_is_refused():
 
 
 def test_backend_declarations():
-    build = pytest.importorskip("cuco_kit.evaluate.build")
     assert build.supported_backends(_code("seed_nccl.cu")) == ("nccl",)
     assert set(build.supported_backends(_code("seed_copy.cu"))) == {"nccl", "symm"}
     assert set(build.supported_backends(_code("device_lsa.cu"))) == {"nccl", "symm"}
@@ -329,15 +303,13 @@ def test_sources_declare_the_gathered_kv_scratch(name):
 
 
 @pytest.mark.parametrize("name", SOURCES)
-def test_each_source_includes_the_shared_kernel_outside_every_block(mod, name):
+def test_each_source_includes_the_shared_kernel_outside_every_block(wl_module, name):
     code = _code(name)
     line = next(i for i, text in enumerate(code.split("\n"), 1) if text.startswith('#include "attention_kernel.cuh"'))
     assert all(not (b.start_line <= line <= b.end_line) for b in markers.blocks(code))  # frozen library code
 
 
-def test_build_puts_the_workload_headers_on_the_path_and_in_the_key(mod):
-    from cuco_kit.evaluate import build
-
+def test_build_puts_the_workload_headers_on_the_path_and_in_the_key(wl_module):
     cfg = build.for_workload(build.BuildConfig(nvcc="nvcc"), SAMPLE)
     assert cfg.workload_include == SAMPLE.resolve() and SAMPLE.resolve() in cfg.include_dirs()
     plain = build.for_workload(build.BuildConfig(nvcc="nvcc"), SAMPLE.parent / "gemm_allgather")
@@ -346,9 +318,9 @@ def test_build_puts_the_workload_headers_on_the_path_and_in_the_key(mod):
     assert k1 != build._headers_digest(plain)  # the header's bytes are part of the key
 
 
-def test_kernel_is_a_tensor_core_flash_kernel(mod):
+def test_kernel_is_a_tensor_core_flash_kernel(wl_module):
     header = (SAMPLE / "attention_kernel.cuh").read_text()
     assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in header
     assert "ldmatrix.sync.aligned.m8n8.x4.trans" in header and "cp.async" in header
-    for d in mod.HEAD_DIMS:
+    for d in wl_module.HEAD_DIMS:
         assert f"case {d}: return launch_default<{d}>" in header

@@ -74,6 +74,12 @@ def test_identical_content_hits_the_cache(fake_cfg: B.BuildConfig, tmp_path: Pat
     assert (cache / f"{first.key}.log").exists()  # the compiler log sits next to the .so
 
 
+def test_harness_helpers_build_like_a_candidate(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    so = B.build_helpers(tmp_path / "cache", fake_cfg)
+    assert so.read_bytes() == b"ELF-fake " + (B.RUNTIME_DIR / "harness_helpers.cu").read_bytes()
+    assert B.build_helpers(tmp_path / "cache", fake_cfg) == so and _calls(tmp_path) == 1  # cached
+
+
 def test_one_changed_byte_or_backend_misses(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     base = B.build(CODE, "nccl", fake_cfg, cache)

@@ -1,7 +1,6 @@
 """The GEMM + AllGather sample: workload definition, reference, tolerance and the baseline's knob block."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -11,36 +10,11 @@ import torch
 
 from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
-from cuco_kit.workload import DTYPES, load_workload
+from cuco_kit.evaluate.rank.harness import rel_error
+from cuco_kit.workload import DTYPES
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "gemm_allgather"
 TINY = {"M": 16, "N": 8, "K": 16}
-
-
-@pytest.fixture(scope="module")
-def wl():
-    return load_workload(SAMPLE)
-
-
-@pytest.fixture(scope="module")
-def wl_module():
-    spec = importlib.util.spec_from_file_location("gemm_allgather_workload_under_test", SAMPLE / "workload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    out, ref = out.double(), ref.double()
-    return float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref))
-
-
-def inputs_for(wl, params, world: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    out = []
-    for r in range(world):
-        g = torch.Generator(device="cpu").manual_seed(seed * 1000 + r)
-        out.append(dict(wl.make_inputs(params, world, r, g)))
-    return out
 
 
 def test_loads_with_files_and_presets(wl):
@@ -99,7 +73,7 @@ def test_unknown_parameter_is_refused(wl):
         wl.resolve({"Q": 4})
 
 
-def test_make_inputs_bf16_scaled_and_seeded(wl):
+def test_make_inputs_bf16_scaled_and_seeded(wl, inputs_for):
     p = {"M": 64, "N": 64, "K": 256}
     a = inputs_for(wl, p, 2, seed=1)
     b = inputs_for(wl, p, 2, seed=1)
@@ -114,7 +88,7 @@ def test_make_inputs_bf16_scaled_and_seeded(wl):
     assert a[0]["x"].float().std().item() == pytest.approx(1.0, rel=0.1)
 
 
-def test_reference_matches_direct_computation(wl):
+def test_reference_matches_direct_computation(wl, inputs_for):
     world = 2
     ins = inputs_for(wl, TINY, world, seed=3)
     ref = wl.reference(ins, TINY, world)
@@ -132,13 +106,13 @@ def test_reference_matches_direct_computation(wl):
                 assert float(y[i, j]) == pytest.approx(want, rel=1e-6, abs=1e-6)
 
 
-def test_reference_refuses_wrong_rank_count(wl):
+def test_reference_refuses_wrong_rank_count(wl, inputs_for):
     ins = inputs_for(wl, TINY, 2)
     with pytest.raises(BadInput, match="2 ranks"):
         wl.reference(ins, TINY, 4)
 
 
-def test_tolerance_passes_bf16_rounding_and_fails_one_bad_row(wl):
+def test_tolerance_passes_bf16_rounding_and_fails_one_bad_row(wl, inputs_for):
     # The documented figure: a correct kernel (fp32 accumulation, bf16 output) lands near 2e-3.
     p = {"M": 1024, "N": 128, "K": 256}
     world = 2
@@ -146,19 +120,19 @@ def test_tolerance_passes_bf16_rounding_and_fails_one_bad_row(wl):
     ref = wl.reference(ins, p, world)[0]["y"]
     xg = torch.cat([i["x"].float() for i in ins])
     good = (xg @ ins[0]["w"].float()).to(torch.bfloat16)
-    err = rel_err(good, ref)
+    err = rel_error(good, ref)
     assert 5e-4 < err < wl.tolerance.rel / 2
     assert wl.tolerance.passes(err)
     # One row of Y (1/1024 of the output) zeroed or computed from stale data must fail.
     zero_row = good.clone()
     zero_row[700] = 0
-    assert not wl.tolerance.passes(rel_err(zero_row, ref))
+    assert not wl.tolerance.passes(rel_error(zero_row, ref))
     stale = good.clone()
     stale[700] = (torch.randn(256, generator=torch.Generator().manual_seed(9)) @ ins[0]["w"].float()).to(stale)
-    assert not wl.tolerance.passes(rel_err(stale, ref))
+    assert not wl.tolerance.passes(rel_error(stale, ref))
     nan = good.clone()
     nan[3, 4] = float("nan")
-    assert not wl.tolerance.passes(rel_err(nan, ref))
+    assert not wl.tolerance.passes(rel_error(nan, ref))
 
 
 # ---------------------------------------------------------------------------------------- the .cu files

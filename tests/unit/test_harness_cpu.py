@@ -1,7 +1,8 @@
 """CPU checks of the harness: the ctypes ABI mirror against the C header, timing statistics, verification
-maths, reply merging, and `cuco eval` on a machine without a GPU."""
+maths, reply merging, `cuco eval` on a machine without a GPU, and the parent side staying free of torch."""
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import os
@@ -9,15 +10,16 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace as NS
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
-from cuco_kit.evaluate import abi
 from cuco_kit.evaluate.gpu_evaluator import merge_replies
-from cuco_kit.evaluate.harness import input_seed, iteration_stats, rel_error, verified_iterations
+from cuco_kit.evaluate.rank import abi
+from cuco_kit.evaluate.rank.harness import _Evaluation, kernel_rows, rel_error
+from cuco_kit.evaluate.stats import input_seed, iteration_stats, verified_iterations
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -158,11 +160,21 @@ def test_cuco_eval_without_gpu_says_which_levels_were_not_run(tmp_path: Path) ->
     assert "build" in out["logs"]
 
 
+def test_the_parent_side_imports_neither_torch_nor_the_rank_package() -> None:
+    # Only rank processes may touch CUDA: every module of cuco_kit.evaluate outside evaluate/rank/ must import
+    # without torch (a fresh interpreter, so nothing this test process imported counts).
+    parent = sorted(f"cuco_kit.evaluate.{p.stem}" for p in (ROOT / "cuco_kit" / "evaluate").glob("*.py")
+                    if p.stem != "__init__")
+    code = (f"import importlib, json, sys\nfor m in {parent!r}:\n    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' "
+            "or m.startswith('cuco_kit.evaluate.rank'))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "cuco_kit.evaluate.gpu_evaluator" in parent and "cuco_kit.evaluate.stats" in parent
+    assert json.loads(p.stdout) == [], "the parent side imported torch or the rank package"
+
+
 def test_kernel_rows_keep_gpu_kernels_with_stream_and_times():
-    from types import SimpleNamespace as NS
-
-    from cuco_kit.evaluate.harness import kernel_rows
-
     ev = [NS(device_type="DeviceType.CUDA", name="gemm", device_resource_id=7, time_range=NS(start=20.0, end=35.0)),
           NS(device_type="DeviceType.CPU", name="cudaLaunchKernel", device_resource_id=0,
              time_range=NS(start=1.0, end=2.0)),
@@ -191,15 +203,10 @@ class _ScriptedHelpers:
 
 
 def _captured(out: tuple[int, ...]) -> tuple[str, Any]:
-    import ctypes
-    from types import SimpleNamespace
-
-    from cuco_kit.evaluate.harness import _Evaluation
-
     step = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(lambda ctx: 0)
     ev = _Evaluation.__new__(_Evaluation)
-    ev.h = SimpleNamespace(helpers=_ScriptedHelpers(out), stream=SimpleNamespace(cuda_stream=0))
-    ev.lib = SimpleNamespace(cuco_step=step)
+    ev.h = NS(helpers=_ScriptedHelpers(out), stream=NS(cuda_stream=0))
+    ev.lib = NS(cuco_step=step)
     ev.ctx, ev.notes, ev.recycle = abi.new_ctx(), [], False
     ev._eager_after_capture = lambda: ""  # the eager re-run itself needs a GPU
     return ev._captured_step(), ev

@@ -2,7 +2,6 @@
 baseline's knob block and the sources' backend lines."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -13,49 +12,12 @@ import torch
 from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import supported_backends
-from cuco_kit.workload import load_workload
+from cuco_kit.evaluate.rank.harness import rel_error
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "kv_transfer"
 TINY = {"L": 2, "S": 8, "D": 16, "KVD": 4, "PAGE": 0}
 TINY_PAGED = {**TINY, "PAGE": 2}
 KNOBS = {"kPlacement", "kSyncScope", "kIssuer", "kPutBlocks", "kChunkTokens"}
-
-
-@pytest.fixture(scope="module")
-def wl():
-    return load_workload(SAMPLE)
-
-
-@pytest.fixture(scope="module")
-def wl_module():
-    spec = importlib.util.spec_from_file_location("kv_transfer_workload_under_test", SAMPLE / "workload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """The harness's measure: ||out - ref|| / ||ref|| over the first ref.numel() elements; NaN never passes."""
-    o = out.reshape(-1)[: ref.numel()].double()
-    r = ref.reshape(-1).double()
-    if not bool(torch.isfinite(o).all()):
-        return math.inf
-    num, den = float(torch.linalg.vector_norm(o - r)), float(torch.linalg.vector_norm(r))
-    return num / den if den > 0 else num
-
-
-def inputs_for(wl, params, world: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Per-rank inputs as the harness hands them to the reference (floats widened to float32)."""
-    out = []
-    for r in range(world):
-        g = torch.Generator(device="cpu").manual_seed(seed * 1000 + r)
-        made = wl.make_inputs(params, world, r, g)
-        out.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in made.items()})
-    return out
-
-
-def tensor(wl, name: str):
-    return next(t for t in wl.tensors if t.name == name)
 
 
 # ----------------------------------------------------------------------------------------------- definition
@@ -85,7 +47,7 @@ def test_loads_with_files_and_presets(wl):
 
 @pytest.mark.parametrize("params", [TINY, TINY_PAGED], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_shapes_capacities_and_valid_bytes_per_role(wl, wl_module, params, world):
+def test_shapes_capacities_and_valid_bytes_per_role(wl, wl_module, params, world, tensor):
     L, S, D, KVD, PAGE = (params[k] for k in ("L", "S", "D", "KVD", "PAGE"))
     cache_shape = (L, S // PAGE, PAGE, 2 * KVD) if PAGE else (L, S, 2 * KVD)
     assert tensor(wl, "h").dims(params, world) == (S, D)
@@ -136,7 +98,7 @@ def test_bad_parameters_name_what_is_wrong(wl, change, world, needle):
             t.dims(params, world)
 
 
-def test_missing_and_unknown_parameters_are_refused(wl):
+def test_missing_and_unknown_parameters_are_refused(wl, tensor):
     with pytest.raises(BadInput, match="parameter KVD is missing"):
         tensor(wl, "kv_cache").dims({k: v for k, v in TINY.items() if k != "KVD"}, 1)
     with pytest.raises(BadInput, match="'PAGES'"):
@@ -145,11 +107,11 @@ def test_missing_and_unknown_parameters_are_refused(wl):
 
 # ------------------------------------------------------------------------------------------------- inputs
 
-def test_make_inputs_roles_seeding_and_page_tables(wl):
+def test_make_inputs_roles_seeding_and_page_tables(wl, inputs_for):
     p = {"L": 2, "S": 64, "D": 256, "KVD": 8, "PAGE": 4}
-    a = inputs_for(wl, p, 2, seed=1)
-    b = inputs_for(wl, p, 2, seed=1)
-    c = inputs_for(wl, p, 2, seed=2)
+    a = inputs_for(wl, p, 2, seed=1, widened=True)
+    b = inputs_for(wl, p, 2, seed=1, widened=True)
+    c = inputs_for(wl, p, 2, seed=2, widened=True)
     raw = wl.make_inputs(p, 2, 0, torch.Generator().manual_seed(5))
     assert raw["h"].dtype == torch.bfloat16 and raw["wkv"].dtype == torch.bfloat16
     assert raw["page_table"].dtype == torch.int32
@@ -165,9 +127,9 @@ def test_make_inputs_roles_seeding_and_page_tables(wl):
     assert torch.equal(a[1]["page_table"], b[1]["page_table"]) and torch.equal(a[0]["h"], b[0]["h"])
     assert not torch.equal(a[1]["page_table"], c[1]["page_table"]) and not torch.equal(a[0]["h"], c[0]["h"])
     # world size 1: rank 0 plays both roles
-    solo = inputs_for(wl, p, 1, seed=1)[0]
+    solo = inputs_for(wl, p, 1, seed=1, widened=True)[0]
     assert torch.isfinite(solo["h"]).all() and sorted(solo["page_table"].tolist()) == list(range(16))
-    contiguous = inputs_for(wl, {**p, "PAGE": 0}, 2)[1]
+    contiguous = inputs_for(wl, {**p, "PAGE": 0}, 2, widened=True)[1]
     assert contiguous["page_table"].tolist() == [0]
 
 
@@ -193,8 +155,8 @@ def direct_cache(h: torch.Tensor, wkv: torch.Tensor, table: torch.Tensor, params
 
 @pytest.mark.parametrize("params", [TINY, TINY_PAGED], ids=["contiguous", "paged"])
 @pytest.mark.parametrize("world", [1, 2, 3])
-def test_reference_matches_direct_computation(wl, params, world):
-    ins = inputs_for(wl, params, world, seed=3)
+def test_reference_matches_direct_computation(wl, params, world, inputs_for, tensor):
+    ins = inputs_for(wl, params, world, seed=3, widened=True)
     refs = wl.reference(ins, params, world)
     assert len(refs) == world
     for r in range(world):
@@ -211,26 +173,26 @@ def test_reference_matches_direct_computation(wl, params, world):
         assert not torch.equal(refs[1]["kv_cache"], refs[2]["kv_cache"])
 
 
-def test_reference_refuses_inputs_of_the_wrong_world(wl):
-    ins = inputs_for(wl, TINY, 2)
+def test_reference_refuses_inputs_of_the_wrong_world(wl, inputs_for):
+    ins = inputs_for(wl, TINY, 2, widened=True)
     with pytest.raises(BadInput, match="2 ranks for world size 3"):
         wl.reference(ins, TINY, 3)
 
 
-def test_empty_reference_on_the_prefill_rank_passes_whatever_its_cache_holds(wl):
-    ref = wl.reference(inputs_for(wl, TINY, 2), TINY, 2)[0]["kv_cache"]
+def test_empty_reference_on_the_prefill_rank_passes_whatever_its_cache_holds(wl, inputs_for, tensor):
+    ref = wl.reference(inputs_for(wl, TINY, 2, widened=True), TINY, 2)[0]["kv_cache"]
     poison = torch.full(tensor(wl, "kv_cache").dims(TINY, 2), math.nan)
-    assert wl.tolerance.passes(rel_err(poison, ref))
+    assert wl.tolerance.passes(rel_error(poison, ref))
 
 
 # ---------------------------------------------------------------------------------------------- tolerance
 
 @pytest.fixture(scope="module")
-def small_case(wl):
+def small_case(wl, inputs_for):
     """The small paged preset at 2 ranks: the decode rank's reference and the cache a correct kernel writes
     (the fp32-accumulated GEMM rounded once to bf16, then placed by the page table)."""
     p = wl.resolve(wl.size_presets["small_paged"])
-    ins = inputs_for(wl, p, 2, seed=7)
+    ins = inputs_for(wl, p, 2, seed=7, widened=True)
     ref = wl.reference(ins, p, 2)[1]["kv_cache"]
     kv = (ins[0]["h"].unsqueeze(0) @ ins[0]["wkv"]).to(torch.bfloat16).float()
     L, S, KVD, PAGE = p["L"], p["S"], p["KVD"], p["PAGE"]
@@ -241,7 +203,7 @@ def small_case(wl):
 
 def test_correct_bf16_cache_passes_with_headroom(wl, small_case):
     _, _, ref, good = small_case
-    err = rel_err(good, ref)
+    err = rel_error(good, ref)
     assert 5e-4 < err < 3e-3  # bf16 rounding of the output, as workload.py states
     assert wl.tolerance.passes(err) and err * 1.5 < wl.tolerance.rel
 
@@ -250,17 +212,17 @@ def test_one_stale_token_row_unwritten_bytes_and_wrong_paging_fail(wl, wl_module
     p, ins, ref, good = small_case
     stale = good.clone()
     stale[2, 5, 3] = torch.randn(stale.shape[-1], generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    assert not wl.tolerance.passes(rel_err(stale, ref))
+    assert not wl.tolerance.passes(rel_error(stale, ref))
     unwritten = good.clone()
     unwritten[0, 0, 0, 0] = float("nan")  # the harness's poison left in one element
-    assert not wl.tolerance.passes(rel_err(unwritten, ref))
+    assert not wl.tolerance.passes(rel_error(unwritten, ref))
     swapped = good.clone()
     swapped[:, [0, 1]] = good[:, [1, 0]]  # two physical pages exchanged
-    assert not wl.tolerance.passes(rel_err(swapped, ref))
+    assert not wl.tolerance.passes(rel_error(swapped, ref))
     # pushed with the prefill rank's own page table instead of the decode rank's
     kv = wl_module.layer_kv(ins[0]["h"], ins[0]["wkv"])
     own_table = wl_module.to_cache(kv, ins[0]["page_table"], p, 2)
-    assert not wl.tolerance.passes(rel_err(own_table, ref))
+    assert not wl.tolerance.passes(rel_error(own_table, ref))
 
 
 # ------------------------------------------------------------------------------------------ kernel sources

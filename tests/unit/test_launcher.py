@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit.evaluate.launcher import MULTICAST_OFF, host_store, is_secret, launch, rank_env
+from cuco_kit.evaluate.device import MULTICAST_OFF
+from cuco_kit.evaluate.launcher import host_store, is_secret, launch, rank_env
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,7 +2,6 @@
 skew, reference against a direct computation, tolerance, the baseline's knob block and the sources' headers."""
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -13,49 +12,12 @@ import torch
 from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import supported_backends
-from cuco_kit.workload import load_workload
+from cuco_kit.evaluate.rank.harness import rel_error
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "moe_dispatch_combine"
 TINY = {"T": 6, "H": 8, "I": 8, "E": 4, "K": 2, "SKEW": 100}
 KNOBS = {"kPlacement", "kSyncScope", "kIssuer", "kCombine", "kPutBlocks", "kChunkRows"}
 SCRATCH = ("send", "recv", "out", "ret", "counts")
-
-
-@pytest.fixture(scope="module")
-def wl():
-    return load_workload(SAMPLE)
-
-
-@pytest.fixture(scope="module")
-def mod():
-    spec = importlib.util.spec_from_file_location("moe_workload_under_test", SAMPLE / "workload.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """The harness's measure: ||out - ref|| / ||ref|| over the first ref.numel() elements; NaN never passes."""
-    o = out.reshape(-1)[: ref.numel()].double()
-    r = ref.reshape(-1).double()
-    if not bool(torch.isfinite(o).all()):
-        return math.inf
-    num, den = float(torch.linalg.vector_norm(o - r)), float(torch.linalg.vector_norm(r))
-    return num / den if den > 0 else num
-
-
-def inputs_for(wl, params, world: int, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    """Per-rank inputs as the harness hands them to the reference (floats widened to float32)."""
-    out = []
-    for r in range(world):
-        g = torch.Generator(device="cpu").manual_seed(seed * 1000 + r)
-        made = wl.make_inputs(params, world, r, g)
-        out.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in made.items()})
-    return out
-
-
-def tensor(wl, name: str):
-    return next(t for t in wl.tensors if t.name == name)
 
 
 # ----------------------------------------------------------------------------------------------- definition
@@ -85,7 +47,7 @@ def test_loads_with_files_presets_and_dsv3_shapes(wl):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_shapes_capacities_and_valid_bytes_per_rank(wl, mod, world):
+def test_shapes_capacities_and_valid_bytes_per_rank(wl, wl_module, world, tensor):
     p = {**TINY, "E": 8, "T": 16}
     T, H, I, E, K = (p[n] for n in ("T", "H", "I", "E", "K"))
     EL = E // world
@@ -98,7 +60,7 @@ def test_shapes_capacities_and_valid_bytes_per_rank(wl, mod, world):
     assert tensor(wl, "y").capacity_bytes(p, world) == T * H * 2
     seen = []
     for r in range(world):
-        Tr = mod.valid_tokens(p, world, r)
+        Tr = wl_module.valid_tokens(p, world, r)
         seen.append(Tr)
         assert T // 2 < Tr <= T
         assert tensor(wl, "x").valid_bytes(p, world, r) == Tr * H * 2
@@ -108,16 +70,16 @@ def test_shapes_capacities_and_valid_bytes_per_rank(wl, mod, world):
         assert tensor(wl, "w_gate_up").valid_bytes is None  # weights: the whole capacity
     assert seen[0] == T and (world == 1 or len(set(seen)) == world)  # uneven from world size 2 on
     cap = T * min(K, EL)
-    rows = mod.scratch_rows(p, world)
+    rows = wl_module.scratch_rows(p, world)
     assert rows == {"send": T * K, "recv": max(1, (world - 1) * cap), "out": world * cap, "ret": T * K}
-    nbytes = mod.scratch_bytes(p, world)
+    nbytes = wl_module.scratch_bytes(p, world)
     assert list(nbytes) == list(SCRATCH)
     assert nbytes["counts"] == world * E * 4 and nbytes["out"] == world * cap * H * 2
 
 
-def test_flops_and_comm_bytes(wl, mod):
+def test_flops_and_comm_bytes(wl, wl_module):
     p = wl.resolve()
-    tokens = sum(mod.valid_tokens(p, 4, r) for r in range(4)) / 4
+    tokens = sum(wl_module.valid_tokens(p, 4, r) for r in range(4)) / 4
     assert wl.flops(p, 4) == pytest.approx(2.0 * tokens * 8 * 3 * 7168 * 2048)
     assert wl.flops(p, 1) == pytest.approx(2.0 * 4096 * 8 * 3 * 7168 * 2048)
     assert wl.comm_bytes(p, 1) == 0
@@ -149,25 +111,25 @@ def test_bad_parameters_name_what_is_wrong(wl, change, world, needle):
             t.dims(params, world)
 
 
-def test_missing_unknown_parameters_and_bad_ranks_are_refused(wl, mod):
+def test_missing_unknown_parameters_and_bad_ranks_are_refused(wl, wl_module, tensor):
     with pytest.raises(BadInput, match="parameter SKEW is missing"):
         tensor(wl, "x").dims({k: v for k, v in TINY.items() if k != "SKEW"}, 1)
     with pytest.raises(BadInput, match="'TOPK'"):
         wl.resolve({"TOPK": 4})
     with pytest.raises(BadInput, match="rank 2 is outside world size 2"):
-        mod.valid_tokens(TINY, 2, 2)
+        wl_module.valid_tokens(TINY, 2, 2)
 
 
 # ------------------------------------------------------------------------------------------------- inputs
 
-def test_make_inputs_routing_padding_and_seeding(wl, mod):
+def test_make_inputs_routing_padding_and_seeding(wl, wl_module, inputs_for):
     p = {**TINY, "T": 32, "E": 8, "K": 3}
-    a, b, c = inputs_for(wl, p, 2, seed=1), inputs_for(wl, p, 2, seed=1), inputs_for(wl, p, 2, seed=2)
+    a, b, c = (inputs_for(wl, p, 2, seed=s, widened=True) for s in (1, 1, 2))
     raw = wl.make_inputs(p, 2, 1, torch.Generator().manual_seed(5))
     assert raw["x"].dtype == torch.bfloat16 and raw["topk_idx"].dtype == torch.int32
     assert raw["topk_w"].dtype == torch.float32 and raw["w_gate_up"].dtype == torch.bfloat16
     for r in range(2):
-        Tr = mod.valid_tokens(p, 2, r)
+        Tr = wl_module.valid_tokens(p, 2, r)
         idx, w, x = a[r]["topk_idx"], a[r]["topk_w"], a[r]["x"]
         assert ((idx[:Tr] >= 0) & (idx[:Tr] < 8)).all()
         assert all(len(set(row.tolist())) == 3 for row in idx[:Tr])  # K distinct experts per token
@@ -182,23 +144,23 @@ def test_make_inputs_routing_padding_and_seeding(wl, mod):
     assert not torch.equal(a[0]["w_gate_up"], a[1]["w_gate_up"])  # each rank's experts are its own
 
 
-def _load_ratio(wl, mod, skew: int, seed: int = 0) -> float:
+def _load_ratio(wl, wl_module, skew: int, seed: int = 0) -> float:
     p = {**TINY, "T": 4096, "E": 8, "K": 2, "SKEW": skew}
     counts = torch.zeros(8)
     for r in range(2):
         g = torch.Generator().manual_seed(seed * 10 + r)
-        idx = wl.make_inputs(p, 2, r, g)["topk_idx"][: mod.valid_tokens(p, 2, r)]
+        idx = wl.make_inputs(p, 2, r, g)["topk_idx"][: wl_module.valid_tokens(p, 2, r)]
         counts += torch.bincount(idx.reshape(-1).long(), minlength=8).float()
-    hot = mod.hot_experts(p, 2)
+    hot = wl_module.hot_experts(p, 2)
     return float(counts[:hot].mean() / counts[hot:].mean())
 
 
-def test_routing_skew_moves_load_to_the_hot_experts(wl, mod):
-    uniform, two, five = _load_ratio(wl, mod, 100), _load_ratio(wl, mod, 200), _load_ratio(wl, mod, 500)
+def test_routing_skew_moves_load_to_the_hot_experts(wl, wl_module):
+    uniform, two, five = (_load_ratio(wl, wl_module, skew) for skew in (100, 200, 500))
     assert 0.9 < uniform < 1.1
     assert 1.6 < two < 2.1  # below the 2:1 weight: top-2 of 8 is drawn without replacement
     assert 3.2 < five < 5.0 and five > two
-    assert _load_ratio(wl, mod, 500, seed=1) != five  # fresh per trial
+    assert _load_ratio(wl, wl_module, 500, seed=1) != five  # fresh per trial
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -228,9 +190,9 @@ def direct_y(ins, params, world: int, rank: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_reference_matches_direct_computation(wl, mod, world):
+def test_reference_matches_direct_computation(wl, wl_module, world, inputs_for, tensor):
     p = {**TINY, "SKEW": 300}
-    ins = inputs_for(wl, p, world, seed=3)
+    ins = inputs_for(wl, p, world, seed=3, widened=True)
     refs = wl.reference(ins, p, world)
     assert len(refs) == world
     for r in range(world):
@@ -240,8 +202,8 @@ def test_reference_matches_direct_computation(wl, mod, world):
         assert torch.allclose(ref.double(), direct_y(ins, p, world, r), rtol=1e-5, atol=1e-6)
 
 
-def test_reference_refuses_wrong_world_shapes_and_experts(wl):
-    ins = inputs_for(wl, TINY, 2)
+def test_reference_refuses_wrong_world_shapes_and_experts(wl, inputs_for):
+    ins = inputs_for(wl, TINY, 2, widened=True)
     with pytest.raises(BadInput, match="2 ranks for world size 1"):
         wl.reference(ins, TINY, 1)
     bad = [dict(d) for d in ins]
@@ -279,16 +241,16 @@ def kernel_like(ins, params, world: int, rank: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module")
-def small_case(wl):
+def small_case(wl, inputs_for):
     p = wl.resolve(wl.size_presets["small_skew5"])
-    ins = inputs_for(wl, p, 2, seed=7)
+    ins = inputs_for(wl, p, 2, seed=7, widened=True)
     ref = wl.reference(ins, p, 2)[1]["y"]
     return p, ins, ref, kernel_like(ins, p, 2, 1)
 
 
 def test_correct_bf16_pipeline_passes_with_headroom(wl, small_case):
     _, _, ref, good = small_case
-    err = rel_err(good, ref)
+    err = rel_error(good, ref)
     assert 2e-3 < err < 7e-3  # four bf16 roundings, as workload.py states
     assert wl.tolerance.passes(err) and err * 2 < wl.tolerance.rel
 
@@ -302,69 +264,69 @@ def test_lost_contribution_unwritten_row_and_wrong_expert_fail(wl, small_case):
     one = {**ins[1], "topk_w": w.clone()}
     one["topk_w"][t, k] = 0.0
     dropped = kernel_like([ins[0], one], p, 2, 1)
-    assert not wl.tolerance.passes(rel_err(dropped, ref))
+    assert not wl.tolerance.passes(rel_error(dropped, ref))
     unwritten = good.clone()
     unwritten[5, 0] = float("nan")  # the harness's poison left in one element
-    assert not wl.tolerance.passes(rel_err(unwritten, ref))
+    assert not wl.tolerance.passes(rel_error(unwritten, ref))
     # every token's first slot sent to the wrong expert (off-by-one in the dispatch offsets)
     shifted = {**ins[1], "topk_idx": idx.clone()}
     Tr = ref.shape[0]
     shifted["topk_idx"][:Tr, 0] = (idx[:Tr, 0] + 1) % p["E"]
     clash = (shifted["topk_idx"][:Tr, 0] == idx[:Tr, 1])
     shifted["topk_idx"][:Tr, 0][clash] = (idx[:Tr, 0][clash] + 2) % p["E"]
-    assert not wl.tolerance.passes(rel_err(kernel_like([ins[0], shifted], p, 2, 1), ref))
+    assert not wl.tolerance.passes(rel_error(kernel_like([ins[0], shifted], p, 2, 1), ref))
 
 
 # ------------------------------------------------------------------------------------- 8-bit dispatch (FP8)
 
-def test_fp8_roundtrip_rounds_to_nearest_even_on_block_scales(mod):
+def test_fp8_roundtrip_rounds_to_nearest_even_on_block_scales(wl_module):
     bf = torch.bfloat16
     # block 0: amax 448, so scale 1 and the e4m3 grid itself: 1.0625 and 1.1875 are ties between neighbours
     # (1, 1.125 and 1.125, 1.25) and go to the even mantissa; block 1: zeros stay zeros (scale 1, not 0/0)
     b0 = torch.zeros(128)
     b0[:5] = torch.tensor([448.0, 1.0625, 1.1875, -3.0, 0.0])
     x = torch.cat([b0, torch.zeros(128)]).reshape(1, 256).to(bf)
-    got = mod.fp8_roundtrip(x).float()[0]
+    got = wl_module.fp8_roundtrip(x).float()[0]
     assert got[:5].tolist() == [448.0, 1.0, 1.25, -3.0, 0.0]
     assert bool((got[128:] == 0).all())
     # random rows: every block's largest magnitude survives, the rest lands within e4m3's half-step of 2**-4
     g = torch.Generator().manual_seed(3)
     x = torch.randn(8, 512, generator=g).to(bf)
-    got = mod.fp8_roundtrip(x).float().reshape(8, 4, 128)
+    got = wl_module.fp8_roundtrip(x).float().reshape(8, 4, 128)
     xb = x.float().reshape(8, 4, 128)
     amax_at = xb.abs().argmax(dim=-1, keepdim=True)
     assert torch.equal(got.gather(-1, amax_at), xb.gather(-1, amax_at))
     step = xb.abs().amax(dim=-1, keepdim=True) / 448 * 2 ** -9  # e4m3's smallest step, in input units
     assert bool(((got - xb).abs() <= xb.abs() * 2 ** -4 * 1.01 + step).all())
-    assert 1e-2 < rel_err(got, xb) < 6e-2
+    assert 1e-2 < rel_error(got, xb) < 6e-2
 
 
 @pytest.fixture(scope="module")
-def fp8_case(wl, mod):
+def fp8_case(wl, wl_module, inputs_for):
     p = wl.resolve(wl.size_presets["small_skew5_fp8"])
-    ins = inputs_for(wl, p, 2, seed=11)
+    ins = inputs_for(wl, p, 2, seed=11, widened=True)
     ref = wl.reference(ins, p, 2)[1]["y"]
-    quantised = [{**i, "x": mod.fp8_roundtrip(i["x"]).float()} for i in ins]
+    quantised = [{**i, "x": wl_module.fp8_roundtrip(i["x"]).float()} for i in ins]
     return p, ins, ref, quantised
 
 
 def test_fp8_reference_is_what_a_quantising_kernel_computes(wl, fp8_case):
     p, _, ref, quantised = fp8_case
-    err = rel_err(kernel_like(quantised, p, 2, 1), ref)
+    err = rel_error(kernel_like(quantised, p, 2, 1), ref)
     assert wl.tolerance.passes(err) and err * 2 < wl.tolerance.rel
 
 
 def test_fp8_dispatch_that_moves_bf16_rows_fails(wl, fp8_case):
     p, ins, ref, _ = fp8_case
-    assert not wl.tolerance.passes(rel_err(kernel_like(ins, p, 2, 1), ref))
+    assert not wl.tolerance.passes(rel_error(kernel_like(ins, p, 2, 1), ref))
 
 
-def test_fp8_windows_hold_wire_rows_and_comm_bytes_shrink(wl, mod):
+def test_fp8_windows_hold_wire_rows_and_comm_bytes_shrink(wl, wl_module):
     p = wl.resolve(wl.size_presets["dsv3_e32_fp8"])
     H = p["H"]
     wire = H + H // 128 * 4
-    assert mod.wire_row_bytes(p, 4) == wire == 7392
-    rows, nbytes = mod.scratch_rows(p, 4), mod.scratch_bytes(p, 4)
+    assert wl_module.wire_row_bytes(p, 4) == wire == 7392
+    rows, nbytes = wl_module.scratch_rows(p, 4), wl_module.scratch_bytes(p, 4)
     assert nbytes["send"] == rows["send"] * wire and nbytes["recv"] == rows["recv"] * wire
     assert nbytes["out"] == rows["out"] * H * 2 and nbytes["ret"] == rows["ret"] * H * 2
     bf16 = {**p, "FP8": 0}
@@ -401,7 +363,7 @@ def test_baseline_and_every_knob_value_pass_l0(baseline_code):
             assert r.knob_values[knob.name] == value
 
 
-def test_sources_declare_backends_scratch_and_no_stray_knobs(wl, mod):
+def test_sources_declare_backends_scratch_and_no_stray_knobs(wl, wl_module):
     assert supported_backends(wl.path("seed_nccl.cu").read_text()) == ("nccl",)
     assert set(supported_backends(wl.path("seed_copy.cu").read_text())) == {"nccl", "symm"}
     assert set(supported_backends(wl.path("device_lsa.cu").read_text())) == {"nccl", "symm"}
@@ -413,4 +375,4 @@ def test_sources_declare_backends_scratch_and_no_stray_knobs(wl, mod):
         assert "refuse_capture(ctx->stream)" in code, name  # host count reads cannot be captured
         if name != "device_lsa.cu":
             assert markers.knobs(code) == [], name
-    assert list(mod.scratch_bytes(TINY, 1)) == list(SCRATCH)
+    assert list(wl_module.scratch_bytes(TINY, 1)) == list(SCRATCH)

@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 ENV = yaml.safe_load((ROOT / "environment.yml").read_text())
 
-# The issue's dependency lists (issue 2, item 2).
+# The dependency lists the project promises.
 CORE = ["jupyterlab", "ipywidgets", "plotly", "anywidget", "pandas", "openai", "tree-sitter", "tree-sitter-cuda",
         "pygments", "tqdm"]
-GPU = ["torch", "cupy-cuda13x", "nvidia-nccl-cu13"]
+GPU = ["torch", "nvidia-nccl-cu13"]
 DEV = ["pytest", "pytest-timeout", "nvidia-nccl-cu13", "nvidia-cublas", "torch"]
 
 

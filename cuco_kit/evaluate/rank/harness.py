@@ -1,5 +1,4 @@
-"""The timing and verification protocol inside one rank (the body of a rank worker), plus the pure statistics
-the parent applies to what the ranks report.
+"""The timing and verification protocol inside one rank: the body of a rank worker (worker.py).
 
 Per timed iteration, on every rank (ARCHITECTURE.md, "Timing and verification"):
   fresh inputs (seeded per (trial, rank), never zeros) -> poison outputs (all-ones bytes: NaN in every float
@@ -18,22 +17,25 @@ rank fails all stop together instead of waiting for each other.
 """
 from __future__ import annotations
 
+import _ctypes
 import ctypes
-import json
 import math
 import os
 import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
 import torch
+import torch.distributed as dist
+from torch.distributed import PrefixStore
 
-from cuco_kit.evaluate import abi
+from cuco_kit.evaluate.rank import abi
+from cuco_kit.evaluate.rank.backends import NcclBackend, SymmBackend
+from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, verified_iterations
+from cuco_kit.workload import DTYPES, load_workload
 
-FLUSH_BYTES = 256 << 20  # >= 2x the 60 MB L2 of H100/H200
 HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
 CUDA_ERROR_CAPTURE_UNJOINED = 904
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
@@ -42,43 +44,7 @@ TORCH_DTYPES = {"u8": torch.uint8, "i32": torch.int32, "i64": torch.int64, "f16"
                 "bf16": torch.bfloat16, "f32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn}
 
 
-# ------------------------------------------------------------------------------------------ pure statistics
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
-
-
-def iteration_stats(per_rank_ms: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """Combine per-rank timings of the same iterations: an iteration takes as long as its slowest rank.
-    Returns iteration_ms (max over ranks), median_ms and spread_ms (p90 - p10) of those, and every rank's
-    own median. Ranks must report the same number of iterations."""
-    if not per_rank_ms or not per_rank_ms[0]:
-        raise ValueError("iteration_stats: no timings")
-    n = len(per_rank_ms[0])
-    if any(len(r) != n for r in per_rank_ms):
-        raise ValueError(f"iteration_stats: ranks report different iteration counts {[len(r) for r in per_rank_ms]}")
-    arr = np.asarray(per_rank_ms, dtype=np.float64)
-    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
-        raise ValueError("iteration_stats: non-finite or negative time")
-    it = arr.max(axis=0)
-    return {"iteration_ms": [float(x) for x in it], "median_ms": float(np.median(it)),
-            "spread_ms": percentile(it, 90) - percentile(it, 10), "p10_ms": percentile(it, 10),
-            "p90_ms": percentile(it, 90), "per_rank_median_ms": [float(np.median(r)) for r in arr]}
-
-
-def verified_iterations(iters: int, verify_every: int, seed: int) -> list[int]:
-    """Timed iterations to verify: the first, plus each other with probability 1/verify_every (seeded, so all
-    ranks pick the same ones)."""
-    rng = random.Random(f"verify:{seed}")
-    every = max(1, int(verify_every))
-    return [i for i in range(iters) if i == 0 or rng.random() < 1.0 / every]
-
-
-def input_seed(seed: int, trial: int, rank: int) -> int:
-    """Seed of one rank's inputs in one trial; the same on every rank (so references need no gather)."""
-    return (int(seed) * 1_000_003 + int(trial) * 9_176_941 + int(rank) * 7919 + 17) % (2**63 - 1)
-
+# ------------------------------------------------------------------------------------------ verification
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| over the first ref.numel() elements of out (uneven outputs: the valid prefix),
@@ -126,17 +92,6 @@ class Helpers:
         return f"{raw.decode() if raw else 'cudaError'}({code})"
 
 
-def build_helpers(cache_dir: str | Path, build_cfg: Any = None) -> Path:
-    """Build (or find cached) libcuco_harness.so with the same nvcc settings as candidates (build.py)."""
-    from cuco_kit.evaluate import build as build_mod
-
-    src = Path(__file__).resolve().parents[1] / "runtime" / "harness_helpers.cu"
-    res = build_mod.build(src.read_text(), "nccl", build_cfg, cache_dir)
-    if not res.ok or res.so_path is None:
-        raise RuntimeError(f"building the harness helpers failed:\n{res.log[-3000:]}")
-    return Path(res.so_path)
-
-
 class CandidateFailure(Exception):
     """This candidate failed (verdict fail at `level`); ``fatal`` = the process must not serve another one."""
 
@@ -158,11 +113,6 @@ class RankHarness:
     cuBLAS handle, harness stream, L2 flush buffer. ``handle({"op": "eval", ...})`` measures one candidate."""
 
     def __init__(self, rank: int, world: int, config: dict[str, Any], chan: Any) -> None:
-        import torch.distributed as dist
-
-        from cuco_kit.evaluate.backends import NcclBackend, SymmBackend
-        from cuco_kit.workload import load_workload
-
         self.rank, self.world, self.cfg, self.chan = rank, world, config, chan
         self.backend_name = config.get("backend", "nccl")
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -174,8 +124,6 @@ class RankHarness:
         self.flag_words = int(config.get("flag_words", 65536))
         self.scratch_dir = Path(os.getcwd())
         # gloo over the parent's store: host barriers/agreement on the hot path and the symm rendezvous
-        from torch.distributed import PrefixStore
-
         dist.init_process_group("gloo", store=PrefixStore("gloo", chan.store), rank=rank, world_size=world)
         self.dist = dist
         self.stream = torch.cuda.Stream(device=self.dev)
@@ -447,8 +395,6 @@ class _Evaluation:
     def _unload(self) -> None:
         if self.lib is not None:
             try:
-                import _ctypes
-
                 _ctypes.dlclose(self.lib._handle)
             except Exception:
                 pass
@@ -715,10 +661,4 @@ def kernel_rows(events: Any, rank: int) -> list[dict[str, Any]]:
 
 
 def abi_dtype(name: str) -> int:
-    from cuco_kit.workload import DTYPES
-
     return DTYPES[name][0]
-
-
-def dump(obj: Any) -> str:
-    return json.dumps(obj, default=str)

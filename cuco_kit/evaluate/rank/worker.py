@@ -1,4 +1,4 @@
-"""A rank worker process: ``python -m cuco_kit.evaluate.worker`` (started by pool.WorkerGroup, never by hand).
+"""A rank worker process, started by pool.WorkerGroup as ``python -m cuco_kit.evaluate.rank.worker``, never by hand.
 
 The process makes its expensive state once (the body: by default harness.RankHarness, i.e. communicator,
 windows, flag region, cuBLAS handle), then serves commands until told to quit. Parent and ranks talk through the
@@ -26,7 +26,9 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
-DEFAULT_BODY = "cuco_kit.evaluate.harness:RankHarness"
+from cuco_kit.evaluate.launcher import client_store
+
+DEFAULT_BODY = "cuco_kit.evaluate.rank.harness:RankHarness"
 EXIT_FATAL = 4  # the body said the process is unusable (CUDA error, hang): the parent recycles it
 EXIT_INIT = 3
 
@@ -116,8 +118,6 @@ def _short_tb(limit: int = 3000) -> str:
 
 
 def main() -> int:
-    from cuco_kit.evaluate.launcher import client_store
-
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     timeout_s = float(os.environ.get("CUCO_STORE_TIMEOUT_S", "300"))
