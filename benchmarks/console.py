@@ -6,7 +6,8 @@ keep stay free of them; the log lines are flushed at once, so a run stopped at i
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from tqdm import tqdm
 

@@ -19,9 +19,10 @@ Buffers are named by their base expression: casts, parentheses and pointer offse
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from cuco_kit.cuda_parse import Node, error_fraction, function_name, is_device_function, node_text, parse, walk
 from cuco_kit.errors import BadInput

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Iterable, Sequence
 from types import ModuleType
-from typing import Iterable, Sequence
 
 from cuco_kit.errors import CucoError
 

@@ -9,9 +9,9 @@ do parse as ``call_expression``.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
 
 import tree_sitter
 import tree_sitter_cuda

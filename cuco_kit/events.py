@@ -40,8 +40,9 @@ import logging
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from cuco_kit.errors import BadInput
 
@@ -93,7 +94,7 @@ class Event:
             raise BadInput(f"event {self.kind!r}: data is not JSON-serialisable ({e})") from None
 
     @classmethod
-    def from_json(cls, text: str) -> "Event":
+    def from_json(cls, text: str) -> Event:
         try:
             d = json.loads(text)
         except ValueError as e:

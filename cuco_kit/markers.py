@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from cuco_kit.errors import BadInput
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from cuco_kit.llm import Ledger, LedgeredClient, LLMClient, OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, Scripted

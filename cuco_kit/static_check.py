@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from cuco_kit import cuda_parse
 from cuco_kit.errors import BadInput
-from cuco_kit.markers import (MARKER_VERSION, Block, Knob, MarkerError, block_at, blocks, design_cell, frozen_hash,
-                              frozen_lines, scan_knobs)
+from cuco_kit.markers import (
+    MARKER_VERSION,
+    Block,
+    Knob,
+    MarkerError,
+    block_at,
+    blocks,
+    design_cell,
+    frozen_hash,
+    frozen_lines,
+    scan_knobs,
+)
 
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import)\b")
 

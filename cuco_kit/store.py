@@ -35,8 +35,9 @@ import json
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, TypedDict, cast
+from typing import Any, TypedDict, cast
 
 from cuco_kit.errors import BadInput, CucoError
 
@@ -545,7 +546,7 @@ class Store:
         with self._lock:
             self._conn.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -565,7 +566,7 @@ class Store:
             except sqlite3.IntegrityError as e:
                 raise BadInput(f"store {self.path}: {e} (an id that does not exist?)") from None
 
-    def _tx(self) -> "_Tx":
+    def _tx(self) -> _Tx:
         if self.readonly:
             raise StoreError(f"store {self.path} was opened read-only; open it with readonly=False to write")
         return _Tx(self)

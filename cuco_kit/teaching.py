@@ -5,8 +5,9 @@ and the measured benchmark JSON committed under benchmarks/. That JSON is read f
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.workbench import repo_root

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Literal
 
 from cuco_kit.errors import BadInput
 

@@ -5,7 +5,8 @@ Syntax colours come from pygments, which escapes the source itself; names, ratio
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as W
 from pygments import highlight

@@ -3,8 +3,9 @@ cascade level reached, a log tail and a pandas table of every result in this cel
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import ipywidgets as W
 import pandas as pd

@@ -6,7 +6,8 @@ throttled updater (about once a second), never per event.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ipywidgets as W
 import pandas as pd

@@ -1,7 +1,8 @@
 """Static views: AnalysisView (communication graph + tables), TimelineView (per-rank kernel Gantt), LedgerView."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import ipywidgets as W
 import pandas as pd

@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import re  # noqa: E402
 
-from common import (TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table,  # noqa: E402
-                    matching_us, torch_child)
+from common import TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table, matching_us, torch_child  # noqa: E402
 
 SAMPLE = "attention_cp"
 L2_PRESETS = ("small", "small_noncausal")

@@ -19,8 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import (TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table,  # noqa: E402
-                    torch_child)
+from common import TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table, torch_child  # noqa: E402
 
 SAMPLE = "gemm_allgather"
 L2_PRESETS = ("small",)

@@ -20,8 +20,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import (GEMM_KERNEL, TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table,  # noqa: E402
-                    matching_us, median_or_none, torch_child)
+from common import (  # noqa: E402
+    GEMM_KERNEL,
+    TIMING_PRELUDE,
+    SampleBench,
+    base_args,
+    bench_table,
+    header,
+    l2_table,
+    matching_us,
+    median_or_none,
+    torch_child,
+)
 
 SAMPLE = "kv_transfer"
 L2_PRESETS = ("small", "small_paged")

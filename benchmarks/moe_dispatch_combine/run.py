@@ -24,8 +24,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import (GEMM_KERNEL, TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table,  # noqa: E402
-                    matching_us, median_or_none, torch_child)
+from common import (  # noqa: E402
+    GEMM_KERNEL,
+    TIMING_PRELUDE,
+    SampleBench,
+    base_args,
+    bench_table,
+    header,
+    l2_table,
+    matching_us,
+    median_or_none,
+    torch_child,
+)
 
 SAMPLE = "moe_dispatch_combine"
 L2_PRESETS = ("small", "small_skew5", "small_fp8", "small_skew5_fp8")
@@ -111,7 +121,7 @@ def make_table(b: SampleBench, refs: dict) -> str:
         elif ref:
             torch_txt = "; ".join(f"{k} {v['gemm_kernel_us'] / 1000:.4f} ms kernels" if "gemm_kernel_us" in v
                                   else f"{k} {v.get('error', v)}" for k, v in ref.items() if isinstance(v, dict))
-            lines += [f"Expert compute check not computed: " + (
+            lines += ["Expert compute check not computed: " + (
                 "no profiled world-1 row of ours at this preset" if not ours else "torch reference missing") +
                 f". torch on {ref.get('rows')} rows (per-expert {ref.get('counts_min')}-{ref.get('counts_max')}): "
                 f"{torch_txt or ref}", ""]

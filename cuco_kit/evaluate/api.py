@@ -7,8 +7,9 @@ and a request can travel to another process or machine as JSON.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 Level = Literal["L0", "L1", "L2", "L3"]
 Verdict = Literal["pass", "fail", "error", "unavailable"]
@@ -44,7 +45,7 @@ class EvalRequest:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "EvalRequest":
+    def from_json(cls, text: str) -> EvalRequest:
         return cls(**json.loads(text))
 
 
@@ -76,7 +77,7 @@ class EvalResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+    def from_dict(cls, d: dict[str, Any]) -> EvalResult:
         return cls(**d)
 
 

@@ -19,10 +19,11 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cuco_kit.evaluate.device import MULTICAST_OFF
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Progress

@@ -17,7 +17,6 @@ import statistics
 import threading
 import time
 
-
 from cuco_kit import markers
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 

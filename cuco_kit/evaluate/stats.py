@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 FLUSH_BYTES = 256 << 20  # >= 2x the 60 MB L2 of H100/H200
 

@@ -4,8 +4,16 @@
 and the fallback annotator, ``sanitizer`` the compute-sanitizer rerun of an illegal memory access. The
 `cuco fastpath` command is `cuco_kit.commands.fastpath`; docs/fastpath.md walks through a run.
 """
-from cuco_kit.fastpath.pipeline import (BACKENDS, GIN_UNAVAILABLE, NO_GPU, Attempt, FastPath, FastPathConfig,
-                                        FastPathResult, StageOutcome)
+from cuco_kit.fastpath.pipeline import (
+                                        BACKENDS,
+                                        GIN_UNAVAILABLE,
+                                        NO_GPU,
+                                        Attempt,
+                                        FastPath,
+                                        FastPathConfig,
+                                        FastPathResult,
+                                        StageOutcome,
+)
 from cuco_kit.fastpath.sanitizer import SanitizerReport, sanitize
 from cuco_kit.fastpath.steps import L0Check
 

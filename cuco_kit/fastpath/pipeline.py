@@ -19,9 +19,10 @@ budget); proposals, decisions, programs and evaluations go to the Store when one
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Generator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Generator
+from typing import Any
 
 from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput, CucoError

@@ -15,7 +15,7 @@ from cuco_kit.llm.client import (
     LLMUnavailable,
     request_hash,
 )
-from cuco_kit.llm.ledger import Ledger, LedgerEntry, LedgeredClient
+from cuco_kit.llm.ledger import Ledger, LedgeredClient, LedgerEntry
 from cuco_kit.llm.openai_client import LLMConfig, OpenAICompatibleClient
 from cuco_kit.llm.replay import RecordingClient, ReplayClient
 

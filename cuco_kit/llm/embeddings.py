@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from cuco_kit.llm.client import LLMError
 from cuco_kit.llm.openai_client import LLMConfig, call_with_retries, make_openai

@@ -76,7 +76,7 @@ class Scripted:
         return self.times != 0 and self.used >= self.times
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Scripted":
+    def from_dict(cls, d: dict[str, Any]) -> Scripted:
         known = {"name", "kind", "text", "match", "times", "status", "retry_after_s", "delay_s"}
         unknown = set(d) - known
         if unknown:
@@ -149,7 +149,7 @@ class _Server(ThreadingMixIn, HTTPServer):
     daemon_threads = False
     block_on_close = True
     allow_reuse_address = False
-    fake: "FakeOpenAIServer"
+    fake: FakeOpenAIServer
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -298,7 +298,7 @@ class FakeOpenAIServer:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def from_file(cls, path: str | Path, **kwargs: Any) -> "FakeOpenAIServer":
+    def from_file(cls, path: str | Path, **kwargs: Any) -> FakeOpenAIServer:
         """A server whose script is a JSON list of Scripted fields (name, kind, text, match, times, ...)."""
         entries = json.loads(Path(path).read_text(encoding="utf-8"))
         if not isinstance(entries, list):
@@ -306,7 +306,7 @@ class FakeOpenAIServer:
         return cls([Scripted.from_dict(d) for d in entries], **kwargs)
 
     # -- lifecycle ------------------------------------------------------------------------------------------
-    def start(self) -> "FakeOpenAIServer":
+    def start(self) -> FakeOpenAIServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
@@ -329,7 +329,7 @@ class FakeOpenAIServer:
             thread.join(timeout=10)
         self._httpd = self._thread = None
 
-    def __enter__(self) -> "FakeOpenAIServer":
+    def __enter__(self) -> FakeOpenAIServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -147,7 +147,7 @@ class Ledger:
                                         request_hash=request_hash)
         return entry
 
-    def wrap(self, inner: LLMClient) -> "LedgeredClient":
+    def wrap(self, inner: LLMClient) -> LedgeredClient:
         return LedgeredClient(inner, self)
 
 

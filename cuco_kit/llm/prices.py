@@ -8,7 +8,7 @@ so check your provider's pricing page and pass your own table through `LLMConfig
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 PriceTable = Mapping[str, tuple[float, float]]
 

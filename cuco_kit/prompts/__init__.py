@@ -6,7 +6,7 @@ quote CUDA, whose braces would otherwise all need doubling. ``render`` fills the
 from __future__ import annotations
 
 import string
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ def names() -> list[str]:
     return sorted(p.stem for p in _DIR.glob("*.md"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def load(name: str) -> str:
     """The raw text of prompt ``name`` (``cuco_kit/prompts/<name>.md``)."""
     path = _DIR / f"{name}.md"

@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from cuco_kit import cuda_parse as cp
 from cuco_kit.errors import CucoError

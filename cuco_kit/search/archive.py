@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from cuco_kit import markers
 from cuco_kit.search.population import Population, ProgramView
@@ -82,7 +83,7 @@ class Archive:
         return False
 
     @classmethod
-    def rebuild(cls, population: Population) -> "Archive":
+    def rebuild(cls, population: Population) -> Archive:
         a = cls()
         for p in population.all():
             a.update(p, population)

@@ -52,7 +52,7 @@ class SearchConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SearchConfig":
+    def from_dict(cls, d: dict[str, Any]) -> SearchConfig:
         d = dict(d)
         sub = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
                "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}

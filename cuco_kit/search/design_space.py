@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import warnings
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from cuco_kit import markers, patch
 from cuco_kit.search.population import ProgramView

@@ -28,9 +28,10 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator

@@ -22,7 +22,7 @@ log = logging.getLogger("cuco_kit.search")
 class Executor(Protocol):
     slots: int
 
-    def submit(self, request: EvalRequest, progress: Progress | None = None) -> "cf.Future[EvalResult]": ...
+    def submit(self, request: EvalRequest, progress: Progress | None = None) -> cf.Future[EvalResult]: ...
 
     def prebuild(self, request: EvalRequest) -> None: ...
 
@@ -52,7 +52,7 @@ class PoolExecutor:
         self._lock = threading.Lock()
         self.prebuilds = 0  # how many builds were started ahead of their evaluation
 
-    def submit(self, request: EvalRequest, progress: Progress | None = None) -> "cf.Future[EvalResult]":
+    def submit(self, request: EvalRequest, progress: Progress | None = None) -> cf.Future[EvalResult]:
         def run() -> EvalResult:
             return self.evaluator.evaluate(request, progress)
 

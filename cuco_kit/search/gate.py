@@ -34,7 +34,7 @@ class ApprovalGate:
         self._lock = threading.Lock()
         self._pending: dict[int, Proposal] = {}
         self._claimed: set[int] = set()  # decided by a person, not yet drained
-        self._queue: "queue.Queue[Decision]" = queue.Queue()
+        self._queue: queue.Queue[Decision] = queue.Queue()
         self._wake = threading.Event()
 
     # -- any thread -----------------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from cuco_kit.llm.embeddings import embed as _embed
 from cuco_kit.search.population import Population

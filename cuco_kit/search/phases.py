@@ -77,7 +77,7 @@ class PhaseConfig:
                                f"kinds: {', '.join(MUTATION_KINDS)}")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "PhaseConfig":
+    def from_dict(cls, d: dict[str, Any]) -> PhaseConfig:
         d = dict(d)
         for k in ("explore", "exploit"):
             if isinstance(d.get(k), dict):

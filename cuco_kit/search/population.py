@@ -6,8 +6,9 @@ The store is the record; this view answers the questions selection, islands, the
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from cuco_kit.search.proposal import FailureNote
 from cuco_kit.store import ProgramRow
@@ -105,7 +106,7 @@ class Population:
         self.extra_members.setdefault(island, set()).add(program_id)
 
     @classmethod
-    def from_store(cls, store: Any, run_id: int, migrations: Iterable[dict] = ()) -> "Population":
+    def from_store(cls, store: Any, run_id: int, migrations: Iterable[dict] = ()) -> Population:
         pop = cls()
         for row in store.programs(run_id):
             pop.add_row(row)

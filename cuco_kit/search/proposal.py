@@ -76,13 +76,13 @@ class ProposalContext:
     run_id: int
     generation: int
     island: int
-    parent: "ProgramView"
-    population: "Population"
-    phase: "PhaseSettings"
+    parent: ProgramView
+    population: Population
+    phase: PhaseSettings
     rng: random.Random
     kind: str = "diff"
-    second_parent: "ProgramView | None" = None
-    inspirations: list["ProgramView"] = field(default_factory=list)
+    second_parent: ProgramView | None = None
+    inspirations: list[ProgramView] = field(default_factory=list)
     failures: list[FailureNote] = field(default_factory=list)
     meta_summary: str = ""
     seed: int = 0

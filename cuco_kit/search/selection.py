@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.population import ProgramView

@@ -3,9 +3,9 @@ sample folder in a module-level SAMPLE."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
 
 import pytest
 import torch

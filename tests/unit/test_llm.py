@@ -26,9 +26,9 @@ from cuco_kit.llm import (
     OpenAICompatibleClient,
     RecordingClient,
     ReplayClient,
+    prices,
     request_hash,
 )
-from cuco_kit.llm import prices
 from cuco_kit.llm.embeddings import embed
 from cuco_kit.llm.fake_server import (
     FakeOpenAIServer,

@@ -6,8 +6,17 @@ from pathlib import Path
 import pytest
 
 from cuco_kit import markers, static_check
-from cuco_kit.patch import (DiffRow, Edit, PatchError, apply_edits, apply_proposal, diff_rows, extract_code_block,
-                            parse_edits, unified_diff)
+from cuco_kit.patch import (
+    DiffRow,
+    Edit,
+    PatchError,
+    apply_edits,
+    apply_proposal,
+    diff_rows,
+    extract_code_block,
+    parse_edits,
+    unified_diff,
+)
 
 PARENT = (Path(__file__).resolve().parents[1] / "data" / "l0" / "parent.cu").read_text()
 

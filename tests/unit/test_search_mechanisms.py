@@ -17,8 +17,13 @@ from cuco_kit.search.novelty import NoveltyConfig, NoveltyFilter
 from cuco_kit.search.phases import PhaseConfig, PhaseController
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import Proposal
-from cuco_kit.search.selection import (SelectionConfig, beam_probabilities, power_law_probabilities,
-                                       select_parent, weighted_probabilities)
+from cuco_kit.search.selection import (
+    SelectionConfig,
+    beam_probabilities,
+    power_law_probabilities,
+    select_parent,
+    weighted_probabilities,
+)
 from cuco_kit.search.synthetic import BASELINE
 
 

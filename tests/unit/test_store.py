@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.store import (SCHEMA_VERSION, V0_LAYOUT, NotFound, Store, StoreError, code_hash)
+from cuco_kit.store import SCHEMA_VERSION, V0_LAYOUT, NotFound, Store, StoreError, code_hash
 
 
 def _result(verdict: str = "pass", median: float | None = 1.5, **over: object) -> dict:

@@ -10,8 +10,20 @@ import pytest
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.events import EventBus
 from cuco_kit.store import Store
-from cuco_kit.widgets import (AnalysisView, DesignSpaceMap, DiffReview, EvalCell, LatencyPlot, LedgerView,
-                              LineageTree, RunDashboard, TimelineView, banner, notebook, review_attempts)
+from cuco_kit.widgets import (
+    AnalysisView,
+    DesignSpaceMap,
+    DiffReview,
+    EvalCell,
+    LatencyPlot,
+    LedgerView,
+    LineageTree,
+    RunDashboard,
+    TimelineView,
+    banner,
+    notebook,
+    review_attempts,
+)
 from cuco_kit.widgets._common import BADGE_STYLE, Throttle
 from cuco_kit.workbench import Note
 

@@ -23,8 +23,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from cuco_kit.evaluate.launcher import client_store
 
