@@ -59,8 +59,8 @@ extern "C" int cuco_setup(cuco_ctx_t* ctx) {
 }
 
 extern "C" int cuco_step(cuco_ctx_t* ctx) {
-  const float* x = (const float*)ctx->tensors[0].ptr;
-  float* y = (float*)ctx->tensors[1].ptr;
+  const float* x = (const float*)ctx->tensors[0].local;
+  float* y = (float*)ctx->tensors[1].local;
   launch_step(x, y, (long)ctx->params[0], ctx->stream);
   return 0;
 }
@@ -86,8 +86,8 @@ extern "C" int cuco_setup(cuco_ctx_t* ctx) {
 }
 
 extern "C" int cuco_step(cuco_ctx_t* ctx) {
-  const float* x = (const float*)ctx->tensors[0].ptr;
-  float* y = (float*)ctx->tensors[1].ptr;
+  const float* x = (const float*)ctx->tensors[0].local;
+  float* y = (float*)ctx->tensors[1].local;
   copy_all<<<256, 256, 0, ctx->stream>>>(x, y, (long)ctx->params[0]);
   return 0;
 }

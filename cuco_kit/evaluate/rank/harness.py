@@ -1,6 +1,6 @@
 """The timing and verification protocol inside one rank: the body of a rank worker (worker.py).
 
-Per timed iteration, on every rank (ARCHITECTURE.md, "Timing and verification"):
+Per timed iteration, on every rank (docs/architecture.md has the path around it):
   fresh inputs (seeded per (trial, rank), never zeros) -> poison outputs (all-ones bytes: NaN in every float
   dtype) -> flush L2 (write a 256 MB buffer) -> host barrier (gloo) -> device barrier kernel -> start event ->
   cuco_step -> end event -> synchronise -> host barrier.
