@@ -9,6 +9,7 @@
 
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "attention_kernel.cuh"
 #include "cuco_abi.h"
@@ -45,6 +46,18 @@ inline size_t kv_bytes(const cuco_ctx_t* ctx) {
   return (size_t)seq * (size_t)h * (size_t)d * kBf16Bytes;
 }
 
+// cuco_declare_scratch's body: the gathered K and V, windows "kg" and "vg" of kv_bytes each on every rank (0
+// requests when the parameters are missing: setup then refuses them).
+inline int declare_kv_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
+  const size_t bytes = kv_bytes(ctx);
+  if (max_req < 2 || bytes == 0) return 0;
+  memset(req, 0, 2 * sizeof(req[0]));
+  strncpy(req[0].name, "kg", CUCO_NAME_LEN - 1);
+  strncpy(req[1].name, "vg", CUCO_NAME_LEN - 1);
+  req[0].bytes = req[1].bytes = bytes;
+  return 2;
+}
+
 inline bool scratch_ok(const cuco_tensor_t* t, size_t bytes) {
   return t != nullptr && t->local != nullptr && t->capacity_bytes >= bytes;
 }
@@ -78,6 +91,16 @@ inline Params query_params(const Problem& pb, const Tensors& t) {
   p.q0 = pb.rank * pb.rows_per_rank;
   p.causal = pb.causal;
   p.scale_log2 = scale_log2(pb.d);
+  return p;
+}
+
+// The seeds' attention: this rank's queries over the whole gathered sequence, one segment of SEQ keys from kg / vg
+// (keys at global positions [0, SEQ)), written to o.
+inline Params gathered_params(const Problem& pb, const Tensors& t, const __nv_bfloat16* kg, const __nv_bfloat16* vg) {
+  Params p = query_params(pb, t);
+  p.n_seg = 1;
+  p.write_out = 1;
+  p.seg[0] = Segment{kg, vg, nullptr, 0, pb.seq};
   return p;
 }
 

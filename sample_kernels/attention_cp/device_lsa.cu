@@ -329,13 +329,7 @@ int schedule(cuco_ctx_t* ctx, State& s) {
 }  // namespace
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const size_t bytes = attn::kv_bytes(ctx);
-  if (max_req < 2 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(req, 0, 2 * sizeof(req[0]));
-  strncpy(req[0].name, "kg", CUCO_NAME_LEN - 1);
-  strncpy(req[1].name, "vg", CUCO_NAME_LEN - 1);
-  req[0].bytes = req[1].bytes = bytes;
-  return 2;
+  return attn::declare_kv_scratch(ctx, req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {

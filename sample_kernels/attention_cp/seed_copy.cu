@@ -7,7 +7,7 @@
 // whole sequence (causal when CAUSAL=1, comparing global positions):
 //
 //     q, k, v  [Sr, H, D]   this rank's tokens               (inputs "q", "k", "v"; peers' k / v via peers_host)
-//     kg, vg   [SEQ, H, D]  every rank's k / v, rank order   (scratch windows "kg", "vg", declared below)
+//     kg, vg   [SEQ, H, D]  every rank's k / v, rank order   (scratch windows "kg", "vg", attention_host.cuh)
 //     o        [Sr, H, D]   softmax(q kg^T / sqrt(D)) vg     (output "o")
 //
 // Data flow of one step, everything on ctx->stream:
@@ -55,13 +55,7 @@ bool peers_ok(const cuco_tensor_t* t, int rank, int world) {
 }  // namespace
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const size_t bytes = attn::kv_bytes(ctx);
-  if (max_req < 2 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(req, 0, 2 * sizeof(req[0]));
-  strncpy(req[0].name, "kg", CUCO_NAME_LEN - 1);
-  strncpy(req[1].name, "vg", CUCO_NAME_LEN - 1);
-  req[0].bytes = req[1].bytes = bytes;
-  return 2;
+  return attn::declare_kv_scratch(ctx, req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
@@ -84,11 +78,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->v_peers = t.v->peers_host;
   s->kg = (__nv_bfloat16*)kg->local;
   s->vg = (__nv_bfloat16*)vg->local;
-  attn::Params& p = s->p;
-  p = attn::query_params(pb, t);
-  p.n_seg = 1;
-  p.write_out = 1;
-  p.seg[0] = attn::Segment{s->kg, s->vg, nullptr, 0, pb.seq};
+  s->p = attn::gathered_params(pb, t, s->kg, s->vg);
   ctx->user = s;
   return CUCO_OK;
 }

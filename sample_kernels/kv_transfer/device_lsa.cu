@@ -7,7 +7,7 @@
 //
 //     h          [S, D]             prefill's hidden states            (input "h", rank 0)
 //     wkv        [L, D, 2*KVD]      per-layer K/V projections          (input "wkv", rank 0)
-//     kv_stage   [L, S, 2*KVD]      KV_l = h @ wkv[l] in token order   (scratch window "kv_stage", declared below)
+//     kv_stage   [L, S, 2*KVD]      KV_l = h @ wkv[l] in token order   (scratch window "kv_stage", kv_host.cuh)
 //     page_table [S/PAGE]           logical -> physical page, owned by each decode rank   (input "page_table")
 //     kv_cache   [L, S, 2*KVD]      the decode cache; paged (PAGE > 0): token t of layer l lives at row
 //                                   page_table[t / PAGE] * PAGE + t % PAGE of layer l     (output "kv_cache")
@@ -44,9 +44,9 @@
 //   kChunkTokens tokens per chunk: the unit of work and, with kChunk, of signalling
 //
 // Signalling (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores `epoch`
-// (cuco_signal: st.release.sys after the unit's barrier, so all the unit's stores are published) and the
-// consumer waits for `>= epoch` (cuco_wait: ld.acquire.sys), so flags are never reset and a stale one never
-// satisfies a wait. Flag words (past CUCO_FLAGS_RESERVED) on each decode rank: l * flags_per_layer + c.
+// (cuco_signal: a release store at system scope after the unit's barrier, so all the unit's stores are
+// published) and the consumer waits for `>= epoch` (cuco_wait: acquire loads at system scope), so flags are
+// never reset and a stale one never satisfies a wait. Flag words (past CUCO_FLAGS_RESERVED) on each decode rank: l * flags_per_layer + c.
 // Reuse of kv_stage and of the decode cache across steps relies on the harness: every step ends with a
 // synchronise and a host + device barrier, and outputs are poisoned before the barrier.
 //
@@ -352,12 +352,7 @@ int schedule(cuco_ctx_t* ctx, State& s) {
 }  // namespace
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const size_t bytes = stage_bytes(ctx);
-  if (max_req < 1 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(&req[0], 0, sizeof(req[0]));
-  strncpy(req[0].name, "kv_stage", CUCO_NAME_LEN - 1);
-  req[0].bytes = bytes;
-  return 1;
+  return declare_stage(ctx, req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {

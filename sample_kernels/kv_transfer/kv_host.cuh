@@ -10,6 +10,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
@@ -43,6 +44,17 @@ inline size_t stage_bytes(const cuco_ctx_t* ctx) {
   const int64_t L = cuco_param(ctx, "L"), S = cuco_param(ctx, "S"), KVD = cuco_param(ctx, "KVD");
   if (L <= 0 || S <= 0 || KVD <= 0) return 0;
   return (size_t)L * (size_t)S * 2 * (size_t)KVD * kBf16Bytes;
+}
+
+// cuco_declare_scratch's body: the staging window "kv_stage" (0 requests when a parameter is missing: setup then
+// refuses it).
+inline int declare_stage(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
+  const size_t bytes = stage_bytes(ctx);
+  if (max_req < 1 || bytes == 0) return 0;
+  memset(&req[0], 0, sizeof(req[0]));
+  strncpy(req[0].name, "kv_stage", CUCO_NAME_LEN - 1);
+  req[0].bytes = bytes;
+  return 1;
 }
 
 inline bool tensor_ok(const cuco_tensor_t* t, int dtype, size_t bytes) {

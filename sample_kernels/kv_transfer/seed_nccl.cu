@@ -7,7 +7,7 @@
 //
 //     h        [S, D]            prefill's hidden states              (input "h", rank 0)
 //     wkv      [L, D, 2*KVD]     per-layer K/V projections            (input "wkv", rank 0)
-//     kv_stage [L, S, 2*KVD]     KV_l = h @ wkv[l], bf16              (scratch window "kv_stage", declared below)
+//     kv_stage [L, S, 2*KVD]     KV_l = h @ wkv[l], bf16              (scratch window "kv_stage", kv_host.cuh)
 //     kv_cache [L, S, 2*KVD]     the decode cache, contiguous (PAGE = 0)              (output "kv_cache")
 //              [L, S/PAGE, PAGE, 2*KVD]  or paged: logical page j -> physical page page_table[j]
 //
@@ -76,12 +76,7 @@ int place_layer(const State& s, int l, cudaStream_t stream) {
 
 // Staging for every layer's KV: written by the prefill GEMMs, and the landing zone of paged receives.
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const size_t bytes = stage_bytes(ctx);
-  if (max_req < 1 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(&req[0], 0, sizeof(req[0]));
-  strncpy(req[0].name, "kv_stage", CUCO_NAME_LEN - 1);
-  req[0].bytes = bytes;
-  return 1;
+  return declare_stage(ctx, req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
