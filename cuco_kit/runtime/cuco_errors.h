@@ -25,19 +25,19 @@
 #include <cuda_runtime_api.h>
 #include "cuco_abi.h"
 
-#define CUCO_TRY(expr)                          \
-  do {                                          \
-    const int cuco_try_rc_ = (expr);            \
+#define CUCO_TRY(expr)                                \
+  do {                                                \
+    const int cuco_try_rc_ = (expr);                  \
     if (cuco_try_rc_ != CUCO_OK) return cuco_try_rc_; \
   } while (0)
 
-#define CUCO_CUBLAS_TRY(call)                                 \
-  do {                                                        \
+#define CUCO_CUBLAS_TRY(call)                                    \
+  do {                                                           \
     if ((call) != CUBLAS_STATUS_SUCCESS) return CUCO_ERR_CUBLAS; \
   } while (0)
 
-#define CUCO_NCCL_TRY(comm, call)                                       \
-  do {                                                                  \
+#define CUCO_NCCL_TRY(comm, call)                                              \
+  do {                                                                         \
     if (cuco_nccl_settle((comm), (call)) != ncclSuccess) return CUCO_ERR_NCCL; \
   } while (0)
 

@@ -97,7 +97,6 @@ constexpr int kOverlapPutSmPercent = 20;  // kOverlapped: share of the SMs the p
 constexpr int kWaitThreads = 32;          // threads of a wait kernel
 // EVOLVE-BLOCK-END
 
-constexpr int kBf16Bytes = attn::kBf16Bytes;
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16
 constexpr int kWarpSize = 32;
 
@@ -383,8 +382,8 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   a.kg = cuco_window(kg);
   a.vg = cuco_window(vg);
   a.flag_peers = ctx->flags.peers;
-  a.chunk_vecs = (size_t)s->chunk_rows * row_elems * kBf16Bytes / kVecBytes;
-  a.own_offset = (size_t)s->rank * (size_t)Sr * row_elems * kBf16Bytes;
+  a.chunk_vecs = (size_t)s->chunk_rows * row_elems * attn::kBf16Bytes / kVecBytes;
+  a.own_offset = (size_t)s->rank * (size_t)Sr * row_elems * attn::kBf16Bytes;
   a.rank = s->rank;
   a.world = W;
   a.pieces = (a.chunk_vecs + piece_vecs<kIssuer>() - 1) / piece_vecs<kIssuer>();
