@@ -46,7 +46,8 @@
 // Signalling (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores `epoch`
 // (cuco_signal: a release store at system scope after the unit's barrier, so all the unit's stores are
 // published) and the consumer waits for `>= epoch` (cuco_wait: acquire loads at system scope), so flags are
-// never reset and a stale one never satisfies a wait. Flag words (past CUCO_FLAGS_RESERVED) on each decode rank: l * flags_per_layer + c.
+// never reset and a stale one never satisfies a wait. Flag words (past CUCO_FLAGS_RESERVED) on each decode rank:
+// l * flags_per_layer + c.
 // Reuse of kv_stage and of the decode cache across steps relies on the harness: every step ends with a
 // synchronise and a host + device barrier, and outputs are poisoned before the barrier.
 //
