@@ -1,1 +1,2 @@
-"""Runtime headers shipped with the package: cuco_abi.h (frozen ABI), lsa_compat.h, devcomm helpers."""
+"""Runtime headers shipped with the package: cuco_abi.h (frozen ABI), cuco_lsa.h (lsa_compat.h under symm) and
+the helpers it includes (devComm and epoch flags, error propagation, the side stream)."""

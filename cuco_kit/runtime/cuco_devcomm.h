@@ -4,12 +4,14 @@
  *
  * Host (call from cuco_setup / cuco_teardown; return CUCO_OK or a CUCO_ERR_* code):
  *   int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out);
+ *   int cuco_devcomm_create_lsa_world(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out);
+ *                                                             // and require LSA team == world (push kernels)
  *   int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc);
  *   ncclWindow_t cuco_window(const cuco_tensor_t* t);        // a tensor's window, for ncclGetLsaPointer
  *   ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx);   // the flag region's window
  * Device:
- *   void cuco_signal(uint64_t* remote_flag, uint64_t epoch);  // st.release.sys
- *   void cuco_wait(const uint64_t* flag, uint64_t epoch);     // ld.acquire.sys spin until >= epoch
+ *   void cuco_signal(uint64_t* remote_flag, uint64_t epoch);  // release store, system scope
+ *   void cuco_wait(const uint64_t* flag, uint64_t epoch);     // acquire loads, system scope, until >= epoch
  *   uint64_t* cuco_user_flag(uint64_t* const* peers, int rank, size_t i);  // rank's i-th candidate word
  *
  * Why a helper and not ncclDevCommCreate directly: NCCL 2.28 and 2.29 take different requirement structs,
@@ -22,9 +24,12 @@
 
 #include <stdio.h>
 #include <string.h>
-#include <sched.h>
 #include <cuda_runtime_api.h>
 #include "cuco_abi.h"
+#include "cuco_errors.h"
+#ifdef __CUDACC__
+#include <cuda/atomic>
+#endif
 
 #ifndef CUCO_FLAGS_RESERVED
 #error "include cuco_lsa.h, not cuco_devcomm.h directly"
@@ -33,16 +38,6 @@
 /* ---- host: devComm ------------------------------------------------------------------------------------- */
 
 #if !CUCO_LSA_COMPAT
-
-/* A non-blocking communicator answers ncclInProgress; poll until the operation settles. */
-static inline ncclResult_t cuco_nccl_settle_(ncclComm_t comm, ncclResult_t r) {
-  while (r == ncclInProgress) {
-    ncclResult_t q = ncclCommGetAsyncError(comm, &r);
-    if (q != ncclSuccess) return q;
-    if (r == ncclInProgress) sched_yield();
-  }
-  return r;
-}
 
 static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
   if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) {
@@ -61,7 +56,7 @@ static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, nccl
 #endif
   reqs.lsaBarrierCount = lsaBarrierCount;
   memset(out, 0, sizeof(*out));
-  ncclResult_t r = cuco_nccl_settle_(comm, ncclDevCommCreate(comm, &reqs, out));
+  ncclResult_t r = cuco_nccl_settle(comm, ncclDevCommCreate(comm, &reqs, out));
   /* 2.28 leaves a stale, non-sticky CUDA error behind even on success; clear it so the candidate's next
    * cudaGetLastError() reports its own launches only. */
   (void)cudaGetLastError();
@@ -79,7 +74,7 @@ static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, nccl
 static inline int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc) {
   if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) return CUCO_ERR_BACKEND;
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
-  ncclResult_t r = cuco_nccl_settle_(comm, ncclDevCommDestroy(comm, dc));
+  ncclResult_t r = cuco_nccl_settle(comm, ncclDevCommDestroy(comm, dc));
   return r == ncclSuccess ? CUCO_OK : CUCO_ERR_NCCL;
 }
 
@@ -129,23 +124,42 @@ static inline ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx) { return (nc
 
 #endif /* CUCO_LSA_COMPAT */
 
+/* ---- host: a devComm whose LSA team is the world ---------------------------------------------------------- */
+
+/* cuco_devcomm_create for kernels that reach every rank by load/store (push or pull through ncclGetLsaPointer):
+ * the LSA team must span the world (one NVLink domain, or every symm rank on one GPU), and world rank r must be
+ * LSA rank r so a world rank can index a window directly. Otherwise CUCO_ERR_BACKEND, the devComm destroyed
+ * again: *out is only live after CUCO_OK. */
+static inline int cuco_devcomm_create_lsa_world(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+  const int rc = cuco_devcomm_create(ctx, lsaBarrierCount, out);
+  if (rc != CUCO_OK) return rc;
+  if (out->lsaSize == ctx->world_size && out->lsaRank == ctx->rank) return CUCO_OK;
+  /* For the human reading the rank log; the harness never parses candidate output. */
+  fprintf(stderr, "cuco_devcomm_create_lsa_world: LSA team %d/%d does not span the world %d/%d\n", out->lsaRank,
+          out->lsaSize, ctx->rank, ctx->world_size);
+  cuco_devcomm_destroy(ctx, out);
+  return CUCO_ERR_BACKEND;
+}
+
 /* ---- device: epoch flags (both backends) ------------------------------------------------------------- */
 
 #ifdef __CUDACC__
-/* Publish `epoch` to a (usually remote) flag: every write this thread made before, and every write ordered
- * before it by a preceding __syncthreads, becomes visible to whoever acquires the flag. System scope: under
- * symm the reader is another process, under nccl another GPU. */
+/* System scope on both sides of every flag: the reader is another process under symm (another CUDA context on
+ * the same GPU) and another GPU under nccl, so a narrower scope would not order the producer's data writes for
+ * it. Same cuda::atomic_ref idiom as NCCL's device API and lsa_compat.h. */
+
+/* Publish `epoch` to a (usually remote) flag. Release: every write this thread made before, and every write
+ * ordered before it by a preceding __syncthreads, becomes visible to whoever acquires the flag. */
 __device__ __forceinline__ void cuco_signal(uint64_t* remote_flag, uint64_t epoch) {
-  asm volatile("st.release.sys.u64 [%0], %1;" ::"l"(remote_flag), "l"(epoch) : "memory");
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*remote_flag).store(epoch, cuda::memory_order_release);
 }
 
 /* Spin until `flag` reaches `epoch`; the acquire makes the producer's earlier writes visible after it. */
 __device__ __forceinline__ void cuco_wait(const uint64_t* flag, uint64_t epoch) {
-  uint64_t v;
+  cuda::atomic_ref<const uint64_t, cuda::thread_scope_system> f(*flag);
 #pragma unroll 1
-  do {
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
-  } while (v < epoch);
+  while (f.load(cuda::memory_order_acquire) < epoch) {
+  }
 }
 
 /* Rank `rank`'s i-th candidate-owned flag word (past the runtime's reserved words). */

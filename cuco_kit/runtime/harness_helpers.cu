@@ -13,6 +13,8 @@
 // Every entry point returns a cudaError_t value (0 = success) so Python checks each call.
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <cuda/atomic>
 #include <nccl.h>
 #include <nccl_device.h>
 
@@ -20,14 +22,14 @@
 
 namespace {
 
+// System scope: the peers are other processes (symm: other CUDA contexts on this GPU; nccl: other GPUs). The
+// same cuda::atomic_ref idiom as the candidates' flags (cuco_devcomm.h).
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*p).store(v, cuda::memory_order_release);
 }
 
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
+  return cuda::atomic_ref<const uint64_t, cuda::thread_scope_system>(*p).load(cuda::memory_order_acquire);
 }
 
 __device__ __forceinline__ uint64_t global_ns() {

@@ -87,11 +87,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
 
   AllGatherState* st = new AllGatherState();
   st->slice_bytes = slice_bytes;
-  int rc = cuco_devcomm_create(ctx, kBlocks, &st->devComm);
-  if (rc == CUCO_OK && ncclTeamLsa(st->devComm).nRanks != ctx->world_size) {
-    cuco_devcomm_destroy(ctx, &st->devComm);
-    rc = CUCO_ERR_BACKEND;
-  }
+  const int rc = cuco_devcomm_create_lsa_world(ctx, kBlocks, &st->devComm);  // every peer's y reachable
   if (rc != CUCO_OK) {
     delete st;
     return rc;

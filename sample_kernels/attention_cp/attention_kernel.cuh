@@ -26,9 +26,9 @@
 // row addresses of each 8x8 matrix hit distinct banks.
 //
 // Waiting on arrival (device-initiated variants): a segment may carry a flag; before the first tile of that
-// segment (unless kPrefetchK already found the flag up), thread 0 spins until *flag >= epoch (ld.acquire.sys)
-// and the CTA's barrier hands the acquired view to every thread. Segments a CTA skips entirely (causal: all keys
-// after its last query) are never waited for.
+// segment (unless kPrefetchK already found the flag up), thread 0 spins until *flag >= epoch (acquire, system
+// scope) and the CTA's barrier hands the acquired view to every thread. Segments a CTA skips entirely (causal:
+// all keys after its last query) are never waited for.
 #ifndef ATTENTION_KERNEL_CUH_
 #define ATTENTION_KERNEL_CUH_
 
@@ -36,6 +36,8 @@
 #include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <cuda/atomic>
 
 namespace attn {
 
@@ -84,12 +86,18 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Has a segment's arrival flag reached the epoch? The runtime's flag protocol (cuco_wait in cuco_devcomm.h, not
+// included here: benchmarks/attention_cp builds this header without the runtime's). Acquire at system scope,
+// pairing the producer's release: the producer is another process (symm) or another GPU (nccl), and its K/V
+// stores must be visible to this CTA once the flag is seen.
+__device__ __forceinline__ bool flag_reached(const uint64_t* flag, uint64_t epoch) {
+  return cuda::atomic_ref<const uint64_t, cuda::thread_scope_system>(*flag).load(cuda::memory_order_acquire) >= epoch;
+}
+
 __device__ __forceinline__ void wait_flag(const uint64_t* flag, uint64_t epoch) {
-  uint64_t v;
 #pragma unroll 1
-  do {
-    asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(flag) : "memory");
-  } while (v < epoch);
+  while (!flag_reached(flag, epoch)) {
+  }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -307,13 +315,8 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
         // Prefetch the next K tile into ks once every warp has read this one: the next tile of this segment, or
         // the first of the next segment if it needs no wait or its flag is already up.
         if (last_tile && threadIdx.x == 0) {
-          bool ready = next_si < p.n_seg;
-          if (ready && p.seg[next_si].flag != nullptr) {
-            uint64_t v;
-            asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(v) : "l"(p.seg[next_si].flag) : "memory");
-            ready = v >= p.epoch;
-          }
-          next_ready = ready;
+          const bool ready = next_si < p.n_seg;
+          next_ready = ready && (p.seg[next_si].flag == nullptr || flag_reached(p.seg[next_si].flag, p.epoch));
         }
         __syncthreads();  // ks is free; next_ready is visible (with thread 0's acquired view)
         if (!last_tile) {

@@ -70,6 +70,7 @@
 
 #include "cuco_lsa.h"
 
+#include "attention_host.cuh"    // the workload's shared host code: frozen, on the include path (build.for_workload)
 #include "attention_kernel.cuh"  // the workload's shared kernel: frozen, on the include path (build.for_workload)
 
 namespace {
@@ -96,15 +97,8 @@ constexpr int kOverlapPutSmPercent = 20;  // kOverlapped: share of the SMs the p
 constexpr int kWaitThreads = 32;          // threads of a wait kernel
 // EVOLVE-BLOCK-END
 
-constexpr int kBf16Bytes = 2;
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16
 constexpr int kWarpSize = 32;
-
-#define CP_TRY(call)                     \
-  do {                                   \
-    const int cp_rc_ = (call);           \
-    if (cp_rc_ != CUCO_OK) return cp_rc_; \
-  } while (0)
 
 template <Issuer I>
 __host__ __device__ constexpr int unit_threads() {
@@ -131,7 +125,7 @@ struct PutArgs {
 };
 
 struct State {
-  int seq, heads, d, rank, world, rows_per_rank, chunk_rows;
+  int d, rank, world, chunk_rows;
   const uint64_t* my_flags;         // this rank's first candidate flag word
   PutArgs put;
   attn::Params attn;                // q, o, workspace, sizes; segments and modes are set per launch
@@ -140,25 +134,10 @@ struct State {
   int n_remote;
   float* ws;                        // fp32 workspace: O [H, Sr, D] then (m, l) [H, Sr, 2]
   bool dc_made;
-  cudaStream_t side;
-  cudaEvent_t fork, join;
+  cuco_side_stream_t side;          // kOverlapped: the puts' stream
   int put_grid;
   int barrier_count;
 };
-
-bool tensor_ok(const cuco_tensor_t* t, int64_t rows, int64_t heads, int64_t d) {
-  return t != nullptr && t->dtype == CUCO_DTYPE_BF16 && t->ndim == 3 && t->shape[0] == rows &&
-         t->shape[1] == heads && t->shape[2] == d && t->local != nullptr &&
-         t->capacity_bytes >= (size_t)rows * (size_t)heads * (size_t)d * kBf16Bytes;
-}
-
-int cuda_ok(cudaError_t e) { return e == cudaSuccess ? CUCO_OK : CUCO_ERR_CUDA; }
-
-size_t kv_bytes(const cuco_ctx_t* ctx) {
-  const int64_t seq = cuco_param(ctx, "SEQ"), h = cuco_param(ctx, "H"), d = cuco_param(ctx, "D");
-  if (seq <= 0 || h <= 0 || d <= 0) return 0;
-  return (size_t)seq * (size_t)h * (size_t)d * kBf16Bytes;
-}
 
 // One attention launch over `segs` on `stream`, with the state flags of its place in the sequence of launches.
 int attend(const State& s, const attn::Segment* segs, int n, bool load, bool store, bool write, uint64_t epoch,
@@ -170,7 +149,7 @@ int attend(const State& s, const attn::Segment* segs, int n, bool load, bool sto
   p.store_state = store;
   p.write_out = write;
   p.epoch = epoch;
-  return cuda_ok(attn::launch(p, s.d, stream));
+  return cuco_cuda_status(attn::launch(p, s.d, stream));
 }
 
 // EVOLVE-BLOCK-START put_kernel
@@ -258,10 +237,10 @@ __global__ void wait_kernel(const uint64_t* flag, uint64_t epoch) {
 // puts keep to kOverlapPutSmPercent of the SMs so the attention keeps the rest.
 int plan_grids(const cuco_ctx_t* ctx, State& s) {
   int occupancy = 0;
-  CP_TRY(cuda_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, put_kernel<kIssuer, kSync>,
-                                                               kPutThreads, 0)));
+  CUCO_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, put_kernel<kIssuer, kSync>,
+                                                              kPutThreads, 0));
   int sms = ctx->sm_count;
-  if (sms <= 0) CP_TRY(cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
+  if (sms <= 0) CUCO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
   const int sharing = ctx->backend == CUCO_BACKEND_SYMM ? s.world : 1;  // ranks on this GPU
   long long resident = std::max(1LL, (long long)sms * occupancy / sharing);
   if constexpr (kPlacement == Placement::kOverlapped)
@@ -277,9 +256,7 @@ int plan_grids(const cuco_ctx_t* ctx, State& s) {
 
 void release(cuco_ctx_t* ctx, State* s) {
   if (s == nullptr) return;
-  if (s->join) cudaEventDestroy(s->join);
-  if (s->fork) cudaEventDestroy(s->fork);
-  if (s->side) cudaStreamDestroy(s->side);
+  cuco_side_stream_destroy(&s->side);
   if (s->put.arrivals) cudaFree(s->put.arrivals);
   if (s->ws) cudaFree(s->ws);
   if (s->dc_made) cuco_devcomm_destroy(ctx, &s->put.dc);
@@ -291,7 +268,7 @@ int launch_puts(State& s, cudaStream_t stream, uint64_t epoch) {
   PutArgs a = s.put;
   a.epoch = epoch;
   put_kernel<kIssuer, kSync><<<s.put_grid, kPutThreads, 0, stream>>>(a);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 // Attention of the local block and then every remote block this rank needs, on ctx->stream.
@@ -300,8 +277,8 @@ int attend_all(State& s, cudaStream_t stream, uint64_t epoch) {
   if constexpr (kSync == Sync::kBarrier && kPlacement == Placement::kOverlapped) {
     // Local block while the puts travel; the remote blocks once the put grid (and its barrier) is done.
     if (s.n_remote == 0) return attend(s, &s.local, 1, false, false, true, epoch, stream);
-    CP_TRY(attend(s, &s.local, 1, false, true, false, epoch, stream));
-    CP_TRY(cuda_ok(cudaStreamWaitEvent(stream, s.join, 0)));
+    CUCO_TRY(attend(s, &s.local, 1, false, true, false, epoch, stream));
+    CUCO_TRY(cuco_side_stream_join(&s.side, stream));
     for (int i = 0; i < s.n_remote; ++i) {
       segs[i] = s.remote[i];
       segs[i].flag = nullptr;
@@ -318,14 +295,14 @@ int attend_all(State& s, cudaStream_t stream, uint64_t epoch) {
     return attend(s, segs, 1 + s.n_remote, false, false, true, epoch, stream);
   } else {
     // kWaitKernel: one launch per block, the state carried in the workspace, a wait kernel before each remote.
-    CP_TRY(attend(s, &s.local, 1, false, s.n_remote > 0, s.n_remote == 0, epoch, stream));
+    CUCO_TRY(attend(s, &s.local, 1, false, s.n_remote > 0, s.n_remote == 0, epoch, stream));
     for (int i = 0; i < s.n_remote; ++i) {
       wait_kernel<<<1, kWaitThreads, 0, stream>>>(s.remote[i].flag, epoch);
-      CP_TRY(cuda_ok(cudaGetLastError()));
+      CUCO_CUDA_TRY(cudaGetLastError());
       attn::Segment seg = s.remote[i];
       seg.flag = nullptr;
       const bool last = i == s.n_remote - 1;
-      CP_TRY(attend(s, &seg, 1, true, !last, last, epoch, stream));
+      CUCO_TRY(attend(s, &seg, 1, true, !last, last, epoch, stream));
     }
     return CUCO_OK;
   }
@@ -335,17 +312,15 @@ int schedule(cuco_ctx_t* ctx, State& s) {
   const uint64_t epoch = ctx->epoch;
   if (s.world == 1) return attend(s, &s.local, 1, false, false, true, epoch, ctx->stream);  // nothing to gather
   if constexpr (kPlacement == Placement::kSequential) {
-    CP_TRY(launch_puts(s, ctx->stream, epoch));
+    CUCO_TRY(launch_puts(s, ctx->stream, epoch));
     return attend_all(s, ctx->stream, epoch);
   } else {
     // Fork: the puts read this step's k / v, which the harness filled on ctx->stream. Puts are enqueued first
     // (highest priority) so their CTAs are dispatched before any attention CTA can spin on a flag.
-    CP_TRY(cuda_ok(cudaEventRecord(s.fork, ctx->stream)));
-    CP_TRY(cuda_ok(cudaStreamWaitEvent(s.side, s.fork, 0)));
-    CP_TRY(launch_puts(s, s.side, epoch));
-    CP_TRY(cuda_ok(cudaEventRecord(s.join, s.side)));
-    CP_TRY(attend_all(s, ctx->stream, epoch));
-    return cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0));  // rejoin the side stream
+    CUCO_TRY(cuco_side_stream_fork(&s.side, ctx->stream));
+    CUCO_TRY(launch_puts(s, s.side.stream, epoch));
+    CUCO_TRY(attend_all(s, ctx->stream, epoch));
+    return cuco_side_stream_join(&s.side, ctx->stream);  // rejoin the side stream
   }
 }
 // EVOLVE-BLOCK-END
@@ -353,73 +328,48 @@ int schedule(cuco_ctx_t* ctx, State& s) {
 }  // namespace
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const size_t bytes = kv_bytes(ctx);
-  if (max_req < 2 || bytes == 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(req, 0, 2 * sizeof(req[0]));
-  strncpy(req[0].name, "kg", CUCO_NAME_LEN - 1);
-  strncpy(req[1].name, "vg", CUCO_NAME_LEN - 1);
-  req[0].bytes = req[1].bytes = bytes;
-  return 2;
+  return attn::declare_kv_scratch(ctx, req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
   if (ctx->backend != cuco_build_backend) return CUCO_ERR_BACKEND;  // built for the other backend
-  const int64_t SEQ = cuco_param(ctx, "SEQ"), H = cuco_param(ctx, "H"), D = cuco_param(ctx, "D");
-  const int64_t CAUSAL = cuco_param(ctx, "CAUSAL");
-  const int W = ctx->world_size;
   // Shards split into kChunks whole chunks; every (source, chunk) block is one attention segment.
-  if (SEQ <= 0 || H <= 0 || W < 1 || (D != 32 && D != 64 && D != 128) || (CAUSAL != 0 && CAUSAL != 1) ||
-      SEQ % ((int64_t)W * kChunks) != 0 || 1 + (W - 1) * kChunks > attn::kMaxSegments)
-    return CUCO_ERR_PARAM;
+  attn::Problem pb;
+  attn::Tensors t;
+  CUCO_TRY(attn::read_problem(ctx, kChunks, &pb));
+  const int W = pb.world, Sr = pb.rows_per_rank;
+  if (1 + (W - 1) * kChunks > attn::kMaxSegments) return CUCO_ERR_PARAM;
   if (W > 1 && ctx->flags.count < CUCO_FLAGS_RESERVED + (size_t)W * kChunks)
     return CUCO_ERR_PARAM;  // not enough candidate flag words for one per (source, chunk)
-  const int64_t Sr = SEQ / W;
-  cuco_tensor_t* q = cuco_tensor(ctx, "q");
-  cuco_tensor_t* k = cuco_tensor(ctx, "k");
-  cuco_tensor_t* v = cuco_tensor(ctx, "v");
-  cuco_tensor_t* o = cuco_tensor(ctx, "o");
-  if (!tensor_ok(q, Sr, H, D) || !tensor_ok(k, Sr, H, D) || !tensor_ok(v, Sr, H, D) || !tensor_ok(o, Sr, H, D))
-    return CUCO_ERR_PARAM;
+  CUCO_TRY(attn::find_tensors(ctx, pb, &t));
   cuco_tensor_t* kg = cuco_scratch(ctx, "kg");
   cuco_tensor_t* vg = cuco_scratch(ctx, "vg");
-  const size_t bytes = kv_bytes(ctx);
-  if (kg == nullptr || vg == nullptr || kg->local == nullptr || vg->local == nullptr ||
-      kg->capacity_bytes < bytes || vg->capacity_bytes < bytes)
-    return CUCO_ERR_PARAM;
+  if (!attn::scratch_ok(kg, attn::kv_bytes(ctx)) || !attn::scratch_ok(vg, attn::kv_bytes(ctx))) return CUCO_ERR_PARAM;
   if (W > 1 && (cuco_window(kg) == nullptr || cuco_window(vg) == nullptr || ctx->flags.peers == nullptr ||
                 ctx->flags.local == nullptr))
     return CUCO_ERR_BACKEND;  // pushing needs the peers' windows and flags
 
   State* s = new State();
   ctx->user = s;
-  s->seq = (int)SEQ;
-  s->heads = (int)H;
-  s->d = (int)D;
-  s->rank = ctx->rank;
+  s->d = pb.d;
+  s->rank = pb.rank;
   s->world = W;
-  s->rows_per_rank = (int)Sr;
-  s->chunk_rows = (int)(Sr / kChunks);
+  s->chunk_rows = Sr / kChunks;
   s->my_flags = ctx->flags.local == nullptr ? nullptr : ctx->flags.local + CUCO_FLAGS_RESERVED;
-  const size_t row_elems = (size_t)H * (size_t)D;
+  const size_t row_elems = (size_t)pb.heads * (size_t)pb.d;
 
   attn::Params& p = s->attn;
-  p.q = (const __nv_bfloat16*)q->local;
-  p.o = (__nv_bfloat16*)o->local;
-  p.sq = (int)Sr;
-  p.heads = (int)H;
-  p.q0 = s->rank * (int)Sr;
-  p.causal = (int)CAUSAL;
-  p.scale_log2 = attn::scale_log2((int)D);
-  s->local = attn::Segment{(const __nv_bfloat16*)k->local, (const __nv_bfloat16*)v->local, nullptr, p.q0, (int)Sr};
+  p = attn::query_params(pb, t);
+  s->local = attn::Segment{(const __nv_bfloat16*)t.k->local, (const __nv_bfloat16*)t.v->local, nullptr, p.q0, Sr};
   // Remote blocks, previous rank first (causally the nearest keys); causally, blocks after our last query go.
   const __nv_bfloat16* kgl = (const __nv_bfloat16*)kg->local;
   const __nv_bfloat16* vgl = (const __nv_bfloat16*)vg->local;
   for (int j = 1; j < W; ++j) {
     const int src = (s->rank - j + W) % W;
     for (int c = 0; c < kChunks; ++c) {
-      const int key0 = src * (int)Sr + c * s->chunk_rows;
-      if (CAUSAL && key0 > p.q0 + (int)Sr - 1) continue;
+      const int key0 = src * Sr + c * s->chunk_rows;
+      if (pb.causal && key0 > p.q0 + Sr - 1) continue;
       const size_t off = (size_t)key0 * row_elems;
       s->remote[s->n_remote++] =
           attn::Segment{kgl + off, vgl + off, s->my_flags + (size_t)src * kChunks + c, key0, s->chunk_rows};
@@ -427,43 +377,32 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   }
 
   PutArgs& a = s->put;
-  a.k = (const uint4*)k->local;
-  a.v = (const uint4*)v->local;
+  a.k = (const uint4*)t.k->local;
+  a.v = (const uint4*)t.v->local;
   a.kg = cuco_window(kg);
   a.vg = cuco_window(vg);
   a.flag_peers = ctx->flags.peers;
-  a.chunk_vecs = (size_t)s->chunk_rows * row_elems * kBf16Bytes / kVecBytes;
-  a.own_offset = (size_t)s->rank * (size_t)Sr * row_elems * kBf16Bytes;
+  a.chunk_vecs = (size_t)s->chunk_rows * row_elems * attn::kBf16Bytes / kVecBytes;
+  a.own_offset = (size_t)s->rank * (size_t)Sr * row_elems * attn::kBf16Bytes;
   a.rank = s->rank;
   a.world = W;
   a.pieces = (a.chunk_vecs + piece_vecs<kIssuer>() - 1) / piece_vecs<kIssuer>();
 
-  const size_t ws_floats = (size_t)H * (size_t)Sr * ((size_t)D + 2);
-  int rc = cuda_ok(cudaMalloc(&s->ws, ws_floats * sizeof(float)));
+  const size_t ws_floats = (size_t)pb.heads * (size_t)Sr * ((size_t)pb.d + 2);
+  int rc = cuco_cuda_status(cudaMalloc(&s->ws, ws_floats * sizeof(float)));
   if (rc == CUCO_OK) {
     p.ws_o = s->ws;
-    p.ws_ml = s->ws + (size_t)H * (size_t)Sr * (size_t)D;
+    p.ws_ml = s->ws + (size_t)pb.heads * (size_t)Sr * (size_t)pb.d;
     rc = plan_grids(ctx, *s);
   }
-  if (rc == CUCO_OK) rc = cuco_devcomm_create(ctx, s->barrier_count, &a.dc);
   if (rc == CUCO_OK) {
-    s->dc_made = true;
-    // Push needs one LSA team spanning the world (one NVLink domain); world rank q is then LSA rank q.
-    if (a.dc.lsaSize != W || a.dc.lsaRank != s->rank) {
-      fprintf(stderr, "device_lsa: LSA team %d/%d does not span the world %d/%d\n", a.dc.lsaRank, a.dc.lsaSize,
-              s->rank, W);
-      rc = CUCO_ERR_BACKEND;
-    }
+    rc = cuco_devcomm_create_lsa_world(ctx, s->barrier_count, &a.dc);  // push: every peer's window reachable
+    s->dc_made = rc == CUCO_OK;
   }
-  if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
-  // The side stream gets the highest priority so put CTAs are scheduled ahead of queued attention CTAs.
-  int lowest = 0, highest = 0;
-  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, highest));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // puts ahead of queued attention CTAs
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
   if (rc != CUCO_OK) {
     release(ctx, s);
     ctx->user = nullptr;

@@ -7,7 +7,7 @@
 //
 //     h          [S, D]             prefill's hidden states            (input "h", rank 0)
 //     wkv        [L, D, 2*KVD]      per-layer K/V projections          (input "wkv", rank 0)
-//     kv_stage   [L, S, 2*KVD]      KV_l = h @ wkv[l] in token order   (scratch window "kv_stage", declared below)
+//     kv_stage   [L, S, 2*KVD]      KV_l = h @ wkv[l] in token order   (scratch window "kv_stage", kv_host.cuh)
 //     page_table [S/PAGE]           logical -> physical page, owned by each decode rank   (input "page_table")
 //     kv_cache   [L, S, 2*KVD]      the decode cache; paged (PAGE > 0): token t of layer l lives at row
 //                                   page_table[t / PAGE] * PAGE + t % PAGE of layer l     (output "kv_cache")
@@ -44,9 +44,10 @@
 //   kChunkTokens tokens per chunk: the unit of work and, with kChunk, of signalling
 //
 // Signalling (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores `epoch`
-// (cuco_signal: st.release.sys after the unit's barrier, so all the unit's stores are published) and the
-// consumer waits for `>= epoch` (cuco_wait: ld.acquire.sys), so flags are never reset and a stale one never
-// satisfies a wait. Flag words (past CUCO_FLAGS_RESERVED) on each decode rank: l * flags_per_layer + c.
+// (cuco_signal: a release store at system scope after the unit's barrier, so all the unit's stores are
+// published) and the consumer waits for `>= epoch` (cuco_wait: acquire loads at system scope), so flags are
+// never reset and a stale one never satisfies a wait. Flag words (past CUCO_FLAGS_RESERVED) on each decode rank:
+// l * flags_per_layer + c.
 // Reuse of kv_stage and of the decode cache across steps relies on the harness: every step ends with a
 // synchronise and a host + device barrier, and outputs are poisoned before the barrier.
 //
@@ -60,8 +61,11 @@
 #include <cuda/atomic>
 
 #include "cuco_lsa.h"
+#include "kv_host.cuh"  // the workload's shared host code: frozen, on the include path (build.for_workload)
 
 namespace {
+
+using namespace kv_transfer;  // parameters, tensors, the prefill GEMM: shared by all three sources
 
 enum class Placement { kSequential, kTwoStream, kPull };
 enum class SyncScope { kLayer, kChunk };
@@ -82,12 +86,7 @@ constexpr int kWaitThreads = 256;    // threads of the decode rank's wait kernel
 constexpr int kSignalThreads = 256;  // threads of the pull-mode signal kernel
 // EVOLVE-BLOCK-END
 
-constexpr int kBf16Bytes = 2;
-constexpr int kI32Bytes = 4;
-constexpr int kVecBytes = 16;  // one uint4: 8 bf16
 constexpr int kWarpSize = 32;
-constexpr int kPrefillRank = 0;
-constexpr int kContiguous = 0;  // PAGE value: no paging
 // No kernel here uses an LSA barrier; one keeps the devComm request identical across variants.
 constexpr int kLsaBarriers = 1;
 
@@ -95,12 +94,6 @@ constexpr int kLsaBarriers = 1;
 static_assert(kPutThreads % kWarpSize == 0 && kPutThreads <= 1024, "kPutThreads: whole warps, at most 1024");
 static_assert(kChunkTokens > 0 && kPutBlocks > 0 && kLoadBatch > 0, "chunk, grid and batch must be positive");
 static_assert(kWaitThreads > 0 && kSignalThreads > 0, "wait / signal kernels need threads");
-
-#define KV_TRY(call)                      \
-  do {                                    \
-    const int kv_rc_ = (call);            \
-    if (kv_rc_ != CUCO_OK) return kv_rc_; \
-  } while (0)
 
 // Shape of the transfer, passed by value to every kernel.
 struct Geometry {
@@ -136,12 +129,10 @@ struct PullArgs {
 };
 
 struct State {
-  int L, S, D, KVD, rank, world;
+  int L, rank, world;
   bool prefill, decode;
   int first_decode, n_decode;
-  const __nv_bfloat16* h;
-  const __nv_bfloat16* wkv;
-  __nv_bfloat16* stage;           // local kv_stage (written by the GEMMs)
+  Projection proj;                // the prefill GEMMs (h, wkv -> local kv_stage)
   uint64_t* const* flag_peers;
   const uint64_t* my_flags;       // local, past the runtime's reserved words
   Geometry g;
@@ -149,27 +140,8 @@ struct State {
   PullArgs pull;                  // epoch is set per launch
   ncclDevComm dc;
   bool dc_made;
-  cudaStream_t side;
-  cudaEvent_t gemm_done, join;
+  cuco_side_stream_t side;        // kTwoStream: the puts' stream, forked after each GEMM
 };
-
-bool tensor_ok(const cuco_tensor_t* t, int dtype, size_t bytes) {
-  return t != nullptr && t->dtype == dtype && t->local != nullptr && t->capacity_bytes >= bytes;
-}
-
-int cuda_ok(cudaError_t e) { return e == cudaSuccess ? CUCO_OK : CUCO_ERR_CUDA; }
-
-// kv_stage[l] = h @ wkv[l] on the handle's stream (column-major view: KV_l^T = Wkv_l^T H^T).
-int gemm_layer(cublasHandle_t handle, const State& s, int l) {
-  const float one = 1.0f, zero = 0.0f;
-  const int n2 = 2 * s.KVD;
-  const size_t layer_elems = (size_t)s.S * n2;
-  cublasStatus_t st = cublasGemmEx(handle, CUBLAS_OP_N, CUBLAS_OP_N, n2, s.S, s.D, &one,
-                                   s.wkv + (size_t)l * s.D * n2, CUDA_R_16BF, n2, s.h, CUDA_R_16BF, s.D, &zero,
-                                   s.stage + (size_t)l * layer_elems, CUDA_R_16BF, n2, CUBLAS_COMPUTE_32F,
-                                   CUBLAS_GEMM_DEFAULT);
-  return st == CUBLAS_STATUS_SUCCESS ? CUCO_OK : CUCO_ERR_CUBLAS;
-}
 
 template <Issuer I>
 __host__ __device__ constexpr int unit_threads() {
@@ -309,9 +281,7 @@ __global__ void wait_flags(const uint64_t* flags, int n, uint64_t epoch) {
 // Release everything setup made (also after a failed setup).
 void release(cuco_ctx_t* ctx, State* s) {
   if (s == nullptr) return;
-  if (s->join) cudaEventDestroy(s->join);
-  if (s->gemm_done) cudaEventDestroy(s->gemm_done);
-  if (s->side) cudaStreamDestroy(s->side);
+  cuco_side_stream_destroy(&s->side);
   if (s->put.done_ctas) cudaFree(s->put.done_ctas);
   if (s->dc_made) cuco_devcomm_destroy(ctx, &s->dc);
   delete s;
@@ -323,59 +293,57 @@ int launch_put(State& s, int layer, uint64_t epoch, cudaStream_t stream) {
   a.layer = layer;
   a.epoch = epoch;
   put_layer<kIssuer, kSyncScope><<<kPutBlocks, kPutThreads, 0, stream>>>(a);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 int launch_signal(const State& s, int layer, uint64_t epoch, cudaStream_t stream) {
   signal_staged<<<1, kSignalThreads, 0, stream>>>(s.flag_peers, s.first_decode, s.n_decode,
                                                   (size_t)layer * s.g.flags_per_layer, s.g.flags_per_layer,
                                                   epoch);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 int launch_pull(const State& s, uint64_t epoch, cudaStream_t stream) {
   PullArgs a = s.pull;
   a.epoch = epoch;
   pull_all<kIssuer, kSyncScope><<<kPutBlocks, kPutThreads, 0, stream>>>(a);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 int launch_wait(const State& s, uint64_t epoch, cudaStream_t stream) {
   wait_flags<<<1, kWaitThreads, 0, stream>>>(s.my_flags, s.L * s.g.flags_per_layer, epoch);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 int schedule(cuco_ctx_t* ctx, State& s) {
   cublasHandle_t handle = (cublasHandle_t)ctx->cublas;
-  if (cublasSetStream(handle, ctx->stream) != CUBLAS_STATUS_SUCCESS) return CUCO_ERR_CUBLAS;
+  CUCO_CUBLAS_TRY(cublasSetStream(handle, ctx->stream));
   const uint64_t epoch = ctx->epoch;
 
   if (s.prefill) {
     for (int l = 0; l < s.L; ++l) {
-      KV_TRY(gemm_layer(handle, s, l));
+      CUCO_TRY(s.proj.gemm_layer(handle, l));
       if constexpr (kPlacement == Placement::kPull) {
-        KV_TRY(launch_signal(s, l, epoch, ctx->stream));
+        CUCO_TRY(launch_signal(s, l, epoch, ctx->stream));
       } else if constexpr (kPlacement == Placement::kSequential) {
-        KV_TRY(launch_put(s, l, epoch, ctx->stream));
+        CUCO_TRY(launch_put(s, l, epoch, ctx->stream));
       } else {
         // The put of layer l waits for GEMM l only; GEMM l+1 goes on without waiting for the put.
-        KV_TRY(cuda_ok(cudaEventRecord(s.gemm_done, ctx->stream)));
-        KV_TRY(cuda_ok(cudaStreamWaitEvent(s.side, s.gemm_done, 0)));
-        KV_TRY(launch_put(s, l, epoch, s.side));
+        CUCO_TRY(cuco_side_stream_fork(&s.side, ctx->stream));
+        CUCO_TRY(launch_put(s, l, epoch, s.side.stream));
       }
     }
     if constexpr (kPlacement == Placement::kTwoStream) {
-      KV_TRY(cuda_ok(cudaEventRecord(s.join, s.side)));
-      KV_TRY(cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0)));
+      CUCO_TRY(cuco_side_stream_join(&s.side, ctx->stream));
     }
   }
 
   if (s.decode) {
     // Pull: at world size 1 the flags were raised above on this very stream, so the pull never spins.
     if constexpr (kPlacement == Placement::kPull) {
-      KV_TRY(launch_pull(s, epoch, ctx->stream));
+      CUCO_TRY(launch_pull(s, epoch, ctx->stream));
     } else {
-      KV_TRY(launch_wait(s, epoch, ctx->stream));
+      CUCO_TRY(launch_wait(s, epoch, ctx->stream));
     }
   }
   return CUCO_OK;
@@ -385,105 +353,71 @@ int schedule(cuco_ctx_t* ctx, State& s) {
 }  // namespace
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const int64_t L = cuco_param(ctx, "L"), S = cuco_param(ctx, "S"), KVD = cuco_param(ctx, "KVD");
-  if (max_req < 1 || L <= 0 || S <= 0 || KVD <= 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(&req[0], 0, sizeof(req[0]));
-  strncpy(req[0].name, "kv_stage", CUCO_NAME_LEN - 1);
-  req[0].bytes = (size_t)L * (size_t)S * 2 * (size_t)KVD * kBf16Bytes;
-  return 1;
+  return declare_stage(ctx, req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
   if (ctx->backend != cuco_build_backend) return CUCO_ERR_BACKEND;  // built for the other backend
-  if (ctx->cublas == nullptr) return CUCO_ERR_PARAM;
-  const int64_t L = cuco_param(ctx, "L"), S = cuco_param(ctx, "S"), D = cuco_param(ctx, "D"),
-                KVD = cuco_param(ctx, "KVD"), page = cuco_param(ctx, "PAGE");
-  const int W = ctx->world_size;
-  if (L <= 0 || S <= 0 || D <= 0 || KVD <= 0 || page < 0 || W < 1) return CUCO_ERR_PARAM;
-  if ((2 * KVD * kBf16Bytes) % kVecBytes != 0 || (page > 0 && S % page != 0)) return CUCO_ERR_PARAM;
-  const size_t row_bytes = (size_t)2 * KVD * kBf16Bytes;
-  const size_t all_bytes = (size_t)L * (size_t)S * row_bytes;
-  const int64_t n_chunks = (S + kChunkTokens - 1) / kChunkTokens;
+  Problem pb;
+  Tensors t;
+  CUCO_TRY(open_problem(ctx, &pb, &t));
+  const int W = pb.world;
+  const int64_t n_chunks = (pb.S + kChunkTokens - 1) / kChunkTokens;
   const int64_t flags_per_layer = kSyncScope == SyncScope::kChunk ? n_chunks : 1;
-  const size_t n_pages = page > 0 ? (size_t)(S / page) : 1;
   // Kernels index rows and vectors of one layer with int.
-  if (S * (int64_t)(row_bytes / kVecBytes) >= (int64_t)1 << 31) return CUCO_ERR_PARAM;
+  if ((int64_t)pb.S * (int64_t)pb.row_vecs >= (int64_t)1 << 31) return CUCO_ERR_PARAM;
   if (ctx->flags.local == nullptr || ctx->flags.peers == nullptr ||
-      ctx->flags.count < CUCO_FLAGS_RESERVED + (size_t)(L * flags_per_layer))
+      ctx->flags.count < CUCO_FLAGS_RESERVED + (size_t)(pb.L * flags_per_layer))
     return CUCO_ERR_PARAM;  // not enough candidate flag words for one per (layer, chunk)
-  cuco_tensor_t* h = cuco_tensor(ctx, "h");
-  cuco_tensor_t* wkv = cuco_tensor(ctx, "wkv");
-  cuco_tensor_t* pt = cuco_tensor(ctx, "page_table");
-  cuco_tensor_t* cache = cuco_tensor(ctx, "kv_cache");
-  cuco_tensor_t* stage = cuco_scratch(ctx, "kv_stage");
-  if (!tensor_ok(h, CUCO_DTYPE_BF16, (size_t)S * D * kBf16Bytes) ||
-      !tensor_ok(wkv, CUCO_DTYPE_BF16, (size_t)L * D * 2 * KVD * kBf16Bytes) ||
-      !tensor_ok(pt, CUCO_DTYPE_I32, n_pages * kI32Bytes) || !tensor_ok(cache, CUCO_DTYPE_BF16, all_bytes) ||
-      stage == nullptr || stage->local == nullptr || stage->capacity_bytes < all_bytes)
-    return CUCO_ERR_PARAM;
   // Push stores into the decode ranks' cache windows and reads their page tables; pull reads rank 0's kv_stage.
-  if (cuco_window(cache) == nullptr || cuco_window(pt) == nullptr || cuco_window(stage) == nullptr)
+  if (cuco_window(t.cache) == nullptr || cuco_window(t.page_table) == nullptr || cuco_window(t.stage) == nullptr)
     return CUCO_ERR_BACKEND;
 
   State* s = new State();
   ctx->user = s;
-  s->L = (int)L;
-  s->S = (int)S;
-  s->D = (int)D;
-  s->KVD = (int)KVD;
-  s->rank = ctx->rank;
+  s->L = pb.L;
+  s->rank = pb.rank;
   s->world = W;
-  s->prefill = ctx->rank == kPrefillRank;
-  s->decode = W == 1 || ctx->rank != kPrefillRank;
+  s->prefill = pb.rank == kPrefillRank;
+  s->decode = W == 1 || pb.rank != kPrefillRank;
   s->first_decode = W == 1 ? kPrefillRank : kPrefillRank + 1;
   s->n_decode = W == 1 ? 1 : W - 1;
-  s->h = (const __nv_bfloat16*)h->local;
-  s->wkv = (const __nv_bfloat16*)wkv->local;
-  s->stage = (__nv_bfloat16*)stage->local;
+  s->proj = projection(pb, t);
   s->flag_peers = ctx->flags.peers;
   s->my_flags = ctx->flags.local + CUCO_FLAGS_RESERVED;
 
   Geometry& g = s->g;
-  g.L = (int)L;
-  g.S = (int)S;
-  g.page = (int)page;
-  g.row_vecs = (int)(row_bytes / kVecBytes);
+  g.L = pb.L;
+  g.S = pb.S;
+  g.page = pb.page;
+  g.row_vecs = (int)pb.row_vecs;
   g.n_chunks = (int)n_chunks;
   g.flags_per_layer = (int)flags_per_layer;
-  g.layer_bytes = (size_t)S * row_bytes;
+  g.layer_bytes = pb.layer_elems * kBf16Bytes;
 
   PutArgs& p = s->put;
-  p.stage = (const uint4*)stage->local;
-  p.cache = cuco_window(cache);
-  p.table = cuco_window(pt);
+  p.stage = (const uint4*)t.stage->local;
+  p.cache = cuco_window(t.cache);
+  p.table = cuco_window(t.page_table);
   p.flag_peers = ctx->flags.peers;
   p.g = g;
   p.first_decode = s->first_decode;
   p.n_decode = s->n_decode;
 
   PullArgs& q = s->pull;
-  q.stage = cuco_window(stage);
-  q.cache = (uint4*)cache->local;
-  q.table = (const int*)pt->local;
+  q.stage = cuco_window(t.stage);
+  q.cache = (uint4*)t.cache->local;
+  q.table = (const int*)t.page_table->local;
   q.my_flags = s->my_flags;
   q.g = g;
 
-  int rc = cuco_devcomm_create(ctx, kLsaBarriers, &s->dc);
-  if (rc == CUCO_OK) {
-    s->dc_made = true;
-    // LSA must reach every rank (one NVLink domain), and world rank r must be LSA rank r.
-    if (ncclTeamLsa(s->dc).nRanks != W || s->dc.lsaRank != ctx->rank) rc = CUCO_ERR_BACKEND;
-  }
-  if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&p.done_ctas, sizeof(unsigned long long) * (size_t)L));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaMemset(p.done_ctas, 0, sizeof(unsigned long long) * (size_t)L));
-  // The side stream gets the highest priority so put CTAs are scheduled ahead of queued GEMM CTAs.
-  int lowest = 0, highest = 0;
-  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, highest));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->gemm_done, cudaEventDisableTiming));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceSynchronize());  // the CTA counters are zero before step 1
+  int rc = cuco_devcomm_create_lsa_world(ctx, kLsaBarriers, &s->dc);  // every decode rank's cache reachable
+  s->dc_made = rc == CUCO_OK;
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&p.done_ctas, sizeof(unsigned long long) * (size_t)pb.L));
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(p.done_ctas, 0, sizeof(unsigned long long) * (size_t)pb.L));
+  if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // puts ahead of queued GEMM CTAs
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the CTA counters are zero before step 1
   if (rc != CUCO_OK) {
     release(ctx, s);
     ctx->user = nullptr;
