@@ -24,16 +24,17 @@ from typing import Any
 
 from console import progress, say
 
+# The sample scripts run by path, not installed: the repository root (the kit) goes first on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cuco_kit import markers
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+from cuco_kit.evaluate.stats import FLUSH_BYTES
+from cuco_kit.workload import load_workload
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from cuco_kit import markers  # noqa: E402
-from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
-from cuco_kit.evaluate.stats import FLUSH_BYTES  # noqa: E402
-from cuco_kit.workload import load_workload  # noqa: E402
-
 L2_TRIALS = 4  # fresh-input trials per L2 check
 WORLD_BACKEND = {1: "nccl", 2: "symm", 4: "symm"}  # one GPU: NCCL at world size 1, shared-GPU ranks beyond
 # cuBLAS's kernels on Hopper: nvjet_* (cuBLAS 12.8+), sm90_xmma_gemm_*, cutlass_*; torch's matmul uses the same

@@ -1,6 +1,6 @@
 """What the benchmark scripts print while they run: log lines on stdout and progress bars on stderr.
 
-The bars are drawn only when stderr is a terminal (tqdm's ``disable=None``), so the logs the device scripts
+The bars are drawn only when stderr is a terminal (tqdm's ``disable=None``), so the logs the remote-GPU scripts
 keep stay free of them; the log lines are flushed at once, so a run stopped at its time limit keeps every one.
 """
 from __future__ import annotations

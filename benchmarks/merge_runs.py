@@ -1,13 +1,12 @@
-"""Merge several device runs of one sample's benchmark into benchmarks/<sample>/results.json and RESULTS.md.
+"""Merge several GPU runs of one sample's benchmark into benchmarks/<sample>/results.json and RESULTS.md.
 
   python3 benchmarks/merge_runs.py SAMPLE RUN.json[=NOTE] [RUN.json[=NOTE] ...]
 
-One device call rarely holds a whole sample (30 minutes of device time per session, 10 per call), so the rows come
-from several runs. Later runs supersede earlier rows of the same (phase, name, world, preset): the superseded
-rows stay in the JSON under "superseded", with the note of the run that replaced them, and the table lists them,
-so a failure fixed later is never silently dropped. The table is the sample's own `make_table`. A RUN.json may
-itself be an earlier merge (a sample's results.json, copied aside first since it is rewritten): its runs, notes
-and superseded rows carry over.
+One time-limited run on a GPU machine rarely holds a whole sample, so the rows come from several runs. Later runs
+supersede earlier rows of the same (phase, name, world, preset): the superseded rows stay in the JSON under
+"superseded", with the note of the run that replaced them, and the table lists them, so a failure fixed later is
+never silently dropped. The table is the sample's own `make_table`. A RUN.json may itself be an earlier merge (a
+sample's results.json, copied aside first since it is rewritten): its runs, notes and superseded rows carry over.
 """
 from __future__ import annotations
 
@@ -19,10 +18,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+# Run by path, not installed: benchmarks/ (what the sample scripts import) and the repository root (the kit) go first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cuco_kit.workload import load_workload  # noqa: E402
+from cuco_kit.workload import load_workload
+
+HERE = Path(__file__).resolve().parent
 
 
 def key(row: dict[str, Any]) -> tuple:

@@ -1,4 +1,4 @@
-"""Attention with context parallelism on one GPU machine, in one call: L2 of every seed and knob value, causal and
+"""Attention with context parallelism on one GPU machine, in one command: L2 of every seed and knob value, causal and
 not, then the benchmark table and the attention-kernel check against torch SDPA (flash).
 
   PYTHONPATH=. python3 benchmarks/attention_cp/run.py --out DIR [--smoke] [--budget-s 480]
@@ -9,21 +9,21 @@ not, then the benchmark table and the attention-kernel check against torch SDPA 
 3. The attention kernel alone: flash_fwd_kernel's duration in one profiled iteration of the nccl seed at world
    size 1 (the whole sequence in one launch) against torch SDPA's flash kernel on the same [1, H, SEQ, D] bf16
    problem (profiler kernel time, median-free mean over iterations, cold L2), at head dims 32, 64 and 128,
-   causal and not. The issue's bar: ours >= 60% of SDPA flash.
+   causal and not. The bar: ours >= 60% of SDPA flash.
 Counts first: FLOPs of the busiest rank = 4*H*D per visible (query, key) pair; bytes each rank receives =
 2 * (W-1)/W * SEQ*H*D*2 (the other ranks' K and V, bf16).
 """
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
+# Run by path, not installed: benchmarks/ (common) goes first on sys.path; common adds the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import re  # noqa: E402
-
-from common import TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table, matching_us, torch_child  # noqa: E402
+from common import TIMING_PRELUDE, SampleBench, base_args, bench_table, header, l2_table, matching_us, torch_child
 
 SAMPLE = "attention_cp"
 L2_PRESETS = ("small", "small_noncausal")

@@ -30,16 +30,18 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import ModuleType
+
+# Run by path, not installed: the repository root (the kit) and benchmarks/ (common) go first on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import TIMING_PRELUDE
+
+from cuco_kit.evaluate.device import detect_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE.parent))
-
-from common import TIMING_PRELUDE  # noqa: E402
-
-from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
-
 SAMPLE = ROOT / "sample_kernels" / "attention_cp"
 PRESETS = ("paper", "paper_noncausal", "d32", "d128")
 
@@ -119,6 +121,64 @@ def report(meta: dict, rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measure(preset: str, workload: ModuleType, lib: ctypes.CDLL, all_shapes: list[tuple[int, ...]],
+            scope: dict, iters: int, once: bool) -> dict:
+    """SDPA flash and every shape of the preset's head dim on the same inputs: each shape checked against the
+    workload's reference and timed, SDPA timed (with ``once``: every shape run once, nothing checked or timed)."""
+    torch = scope["torch"]
+    import torch.nn.functional as F  # noqa: PLC0415 - torch is heavy: imported only by the GPU path
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415 - torch is heavy, as above
+
+    p = workload.SIZE_PRESETS[preset]
+    S, H, D, causal = p["SEQ"], p["H"], p["D"], int(p["CAUSAL"])
+    g = torch.Generator(device="cuda")
+    g.manual_seed(0)
+    q, k, v = (torch.randn(S, H, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
+    o = torch.empty_like(q)
+    heads_first = [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)]  # [1, H, S, D] views, same data
+
+    def refresh() -> None:
+        for t in (q, k, v):
+            t.normal_(generator=g)
+
+    def sdpa() -> object:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(*heads_first, is_causal=bool(causal))
+
+    pairs = S * (S + 1) // 2 if causal else S * S
+    flops = 4.0 * H * D * pairs
+    sdpa_us = 0.0 if once else scope["kernel_us"](sdpa, refresh, iters, "flash")
+    row = {"preset": preset, "SEQ": S, "H": H, "D": D, "causal": causal, "flops": flops,
+           "sdpa_flash_us": sdpa_us, "shapes": []}
+    for shape in (s for s in all_shapes if s[0] == D):
+        d, m_tiles, block_k, prefetch_k, min_ctas = shape
+
+        def ours(shape: tuple[int, ...] = shape) -> None:
+            rc = lib.attn_run(*shape, ctypes.c_void_p(q.data_ptr()),
+                              ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
+                              ctypes.c_void_p(o.data_ptr()), S, H, causal,
+                              ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
+            if rc != 0:
+                raise RuntimeError(f"attn_run{shape} returned CUDA error {rc}")
+
+        if once:
+            ours()
+            continue
+        ref = workload.attention(q, k, v, bool(causal))  # fp32, on the inputs the last timing left
+        ours()
+        torch.cuda.synchronize()
+        rel = ((o.float() - ref).abs().max() / ref.abs().max()).item()
+        us = scope["kernel_us"](ours, refresh, iters, "flash_fwd_kernel")
+        row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "prefetch_k": prefetch_k,
+                              "min_ctas": min_ctas,
+                              "block_q": 64 * m_tiles,
+                              "rel_error": rel, "ok": rel <= workload.REL_TOLERANCE, "kernel_us": us,
+                              "vs_sdpa": sdpa_us / us, "tflops": flops / us / 1e6})
+        print(f"{preset} D{D} m{m_tiles} k{block_k} p{prefetch_k} c{min_ctas}: {us:.1f} us vs SDPA "
+              f"{sdpa_us:.1f} us ({sdpa_us / us:.0%}), rel err {rel:.2e}", flush=True)
+    return row
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT") or str(HERE / "out"))
@@ -133,74 +193,24 @@ def main() -> int:
         try:
             rows = json.loads(Path(args.apply_from).read_text())["rows"]
         except (OSError, ValueError, KeyError) as exc:
-            raise SystemExit(f"--apply-from {args.apply_from}: not a tile_shapes.json ({exc})")
+            raise SystemExit(f"--apply-from {args.apply_from}: not a tile_shapes.json ({exc})") from None
         print("\n".join(apply(choose(rows))))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     sys.path.insert(0, str(SAMPLE))
-    import workload  # the sample's presets and tolerance
+    import workload  # noqa: PLC0415 - the sample's presets and tolerance: importable once SAMPLE is on sys.path
 
     scope: dict = {}
     exec(TIMING_PRELUDE, scope)  # time_it / kernel_us / the L2 flush buffer, shared with the reference children
     torch = scope["torch"]
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with tempfile.TemporaryDirectory() as tmp:
         lib = build(Path(tmp))
         all_shapes = shapes(lib)
-        rows = []
-        for preset in args.presets.split(","):
-            p = workload.SIZE_PRESETS[preset]
-            S, H, D, causal = p["SEQ"], p["H"], p["D"], int(p["CAUSAL"])
-            g = torch.Generator(device="cuda")
-            g.manual_seed(0)
-            q, k, v = (torch.randn(S, H, D, device="cuda", generator=g).to(torch.bfloat16) for _ in range(3))
-            o = torch.empty_like(q)
-            heads_first = [t.permute(1, 0, 2).unsqueeze(0) for t in (q, k, v)]  # [1, H, S, D] views, same data
-
-            def refresh() -> None:
-                for t in (q, k, v):
-                    t.normal_(generator=g)
-
-            def sdpa() -> object:
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    return F.scaled_dot_product_attention(*heads_first, is_causal=bool(causal))
-
-            pairs = S * (S + 1) // 2 if causal else S * S
-            flops = 4.0 * H * D * pairs
-            sdpa_us = 0.0 if args.once else scope["kernel_us"](sdpa, refresh, args.iters, "flash")
-            row = {"preset": preset, "SEQ": S, "H": H, "D": D, "causal": causal, "flops": flops,
-                   "sdpa_flash_us": sdpa_us, "shapes": []}
-            for shape in (s for s in all_shapes if s[0] == D):
-                d, m_tiles, block_k, prefetch_k, min_ctas = shape
-
-                def ours(shape=shape) -> None:
-                    rc = lib.attn_run(*shape, ctypes.c_void_p(q.data_ptr()),
-                                      ctypes.c_void_p(k.data_ptr()), ctypes.c_void_p(v.data_ptr()),
-                                      ctypes.c_void_p(o.data_ptr()), S, H, causal,
-                                      ctypes.c_void_p(torch.cuda.current_stream().cuda_stream))
-                    if rc != 0:
-                        raise RuntimeError(f"attn_run{shape} returned CUDA error {rc}")
-
-                if args.once:
-                    ours()
-                    continue
-                ref = workload.attention(q, k, v, bool(causal))  # fp32, on the inputs the last timing left
-                ours()
-                torch.cuda.synchronize()
-                rel = ((o.float() - ref).abs().max() / ref.abs().max()).item()
-                us = scope["kernel_us"](ours, refresh, args.iters, "flash_fwd_kernel")
-                row["shapes"].append({"m_tiles": m_tiles, "block_k": block_k, "prefetch_k": prefetch_k,
-                                      "min_ctas": min_ctas,
-                                      "block_q": 64 * m_tiles,
-                                      "rel_error": rel, "ok": rel <= workload.REL_TOLERANCE, "kernel_us": us,
-                                      "vs_sdpa": sdpa_us / us, "tflops": flops / us / 1e6})
-                print(f"{preset} D{D} m{m_tiles} k{block_k} p{prefetch_k} c{min_ctas}: {us:.1f} us vs SDPA "
-                      f"{sdpa_us:.1f} us ({sdpa_us / us:.0%}), rel err {rel:.2e}", flush=True)
-            rows.append(row)
+        rows = [measure(preset, workload, lib, all_shapes, scope, args.iters, args.once)
+                for preset in args.presets.split(",")]
     if args.once:
         torch.cuda.synchronize()
         return 0

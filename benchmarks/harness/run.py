@@ -1,4 +1,5 @@
-"""The harness's GPU check, in one call (scripts/remote_gpu/gpu_check.sh runs it; tests/gpu/test_harness_gpu.py asserts on it).
+"""The harness's GPU check, in one command (scripts/remote_gpu/gpu_check.sh runs it; tests/gpu/test_harness_gpu.py
+asserts on it).
 
   1. builds the all-gather samples and the adversarial set (L1, cached);
   2. evaluates device_lsa.cu at world 1 under nccl and at 2 and 4 ranks under symm, and the seeds;
@@ -21,18 +22,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+# Run by path, not installed: the repository root (the kit) and benchmarks/ (console) go first on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from console import progress, say
+
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.device import detect_gpu
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+from cuco_kit.evaluate.mps import mps_daemon_pids
+from cuco_kit.evaluate.pool import live_worker_pids
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from console import progress, say  # noqa: E402
-
-from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
-from cuco_kit.evaluate.mps import mps_daemon_pids  # noqa: E402
-from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
-
 WL = ROOT / "sample_kernels" / "allgather"
 ADV = ROOT / "tests" / "data" / "adversarial"
 
@@ -47,15 +49,14 @@ def compute_apps() -> list[str]:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,process_name", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30).stdout
         return [line.strip() for line in out.splitlines() if line.strip()]
-    except Exception:
+    except (OSError, subprocess.SubprocessError):  # no nvidia-smi, or it hung: nothing to list
         return []
 
 
-
 def l0_available() -> bool:
-    try:
-        import tree_sitter  # noqa: F401
-        import tree_sitter_cuda  # noqa: F401
+    try:  # the probe is the import itself: a package that is present but broken counts as missing
+        import tree_sitter  # noqa: F401, PLC0415 - imported only to see whether it imports
+        import tree_sitter_cuda  # noqa: F401, PLC0415 - imported only to see whether it imports
         return True
     except ImportError:
         return False
@@ -69,7 +70,7 @@ def run_case(ev: GpuEvaluator, name: str, path: Path, backend: str, world: int, 
     try:
         res = ev.evaluate(req)
         d = res.to_dict()
-    except Exception as exc:  # misuse or a harness bug: recorded, the run goes on
+    except Exception as exc:  # noqa: BLE001 - misuse or a harness bug: recorded, the run goes on
         d = {"verdict": "error", "level_reached": "?", "reason": f"{type(exc).__name__}: {exc}", "median_ms": None,
              "logs": {}, "provenance": {}}
     d["wall_s"] = round(time.monotonic() - t0, 3)
@@ -215,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         pass
     print("\n| case | backend-world | verdict | level | median ms | seed ms | speed-up | eval s | check |")
     print("|---|---|---|---|---|---|---|---|---|")
+
+    def f(v: float | None, p: int = 4) -> str:
+        return "-" if v is None else f"{v:.{p}f}"
+
     for r in rows:
-        f = (lambda v, p=4: "-" if v is None else f"{v:.{p}f}")
         print(f"| {r['case']} | {r['backend']}-{r['world']} | {r['verdict']} | {r['level']} | {f(r['median_ms'])} | "
               f"{f(r['seed_median_ms'])} | {f(r['speedup'], 2)} | {f(r['eval_seconds'], 2)} | "
               f"{'ok' if r['ok'] else 'BAD: ' + r['why'][:60]} |")

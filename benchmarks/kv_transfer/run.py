@@ -1,4 +1,4 @@
-"""KV-cache transfer (prefill -> decode, layer by layer) on one GPU machine, in one call: L2 of every seed and knob
+"""KV-cache transfer (prefill -> decode, layer by layer) on one GPU machine, in one command: L2 of every seed and knob
 value, contiguous and paged, then the benchmark table against the per-layer compute alone.
 
   PYTHONPATH=. python3 benchmarks/kv_transfer/run.py --out DIR [--smoke] [--budget-s 480] [--worlds 1,2]
@@ -18,9 +18,10 @@ import json
 import sys
 from pathlib import Path
 
+# Run by path, not installed: benchmarks/ (common) goes first on sys.path; common adds the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import (  # noqa: E402
+from common import (
     GEMM_KERNEL,
     TIMING_PRELUDE,
     SampleBench,

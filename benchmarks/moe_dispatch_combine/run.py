@@ -1,4 +1,4 @@
-"""MoE dispatch -> expert GEMMs -> combine on one GPU machine, in one call: L2 of every seed and knob value, then
+"""MoE dispatch -> expert GEMMs -> combine on one GPU machine, in one command: L2 of every seed and knob value, then
 the benchmark table and the expert-compute check.
 
   PYTHONPATH=. python3 benchmarks/moe_dispatch_combine/run.py --out DIR [--smoke] [--budget-s 480]
@@ -12,7 +12,7 @@ the benchmark table and the expert-compute check.
 3. Expert compute alone: the summed duration of the cuBLAS kernels in one profiled iteration of the world-1 run
    (the nccl seed and every variant: the same GEMMs) against torch's bf16 expert GEMMs on the SAME per-expert
    row counts (one routing draw of the workload's own generator), as the better of torch._grouped_mm and one
-   torch.matmul per expert, also summed over the profiler's GEMM kernels. The issue's bar: ours >= 60% of torch.
+   torch.matmul per expert, also summed over the profiler's GEMM kernels. The bar: ours >= 60% of torch.
 Counts first: FLOPs per layer = 2 * rows * (H*2I + I*H) with rows = T*K over the world; bytes each rank sends in
 dispatch = its rows bound for other ranks * H * 2 (bf16), the same again in combine.
 """
@@ -22,9 +22,10 @@ import json
 import sys
 from pathlib import Path
 
+# Run by path, not installed: benchmarks/ (common) goes first on sys.path; common adds the repository root.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import (  # noqa: E402
+from common import (
     GEMM_KERNEL,
     TIMING_PRELUDE,
     SampleBench,
@@ -103,7 +104,7 @@ def main() -> int:
 
 def make_table(b: SampleBench, refs: dict) -> str:
     lines = header(b.meta(), "MoE dispatch -> expert GEMMs -> combine") + l2_table(b.rows)
-    for preset, _, label in BENCH:
+    for _, _, label in BENCH:
         lines += [f"## {label}", ""]
         ref = refs.get(label, {})
         torch_us = [v["gemm_kernel_us"] for k, v in ref.items() if isinstance(v, dict) and "gemm_kernel_us" in v]

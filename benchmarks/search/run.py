@@ -1,4 +1,4 @@
-"""Offline search on GEMM + AllGather on one GPU machine, in one call (issue 6, "Done when", GPU part).
+"""Offline search on GEMM + AllGather on one GPU machine, in one command.
 
   PYTHONPATH=. python3 benchmarks/search/run.py --out DIR [--budget-s 420] [--preset 4096] [--candidates 30]
   PYTHONPATH=. python3 benchmarks/search/run.py --dry-run      # CPU: SIMULATED evaluator, files in a temp dir
@@ -14,7 +14,7 @@
    which placements won; search vs random is compared on the first N candidates of each (N = the smaller
    count), so the budgets are equal even when a run was stopped early.
 Writes the raw JSON to --out, results.json + RESULTS.md + the stores to benchmarks/search/ (a temp dir with
---dry-run), and the same files as one tarball under --out (the device machine sends back only --out); prints
+--dry-run), and the same files as one tarball under --out (a remote runner may copy back only --out); prints
 the table last. Exit code 0 only when every check held (every planned run done, >= --candidates evaluated
 candidates each, >= 2 placements evaluated each, the stores load through the replay evaluator and
 workbench.recorded_runs finds them).
@@ -39,34 +39,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-os.chdir(ROOT)  # stores record the workload as a repo-relative path, not this machine's
-from cuco_kit.evaluate.device import MULTICAST_OFF  # noqa: E402 -- after the sys.path insert
+# Run by path, not installed: the repository root (the kit) and benchmarks/ (console) go first on sys.path.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from cuco_kit.evaluate.device import MULTICAST_OFF
 
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
+
+from console import progress, say
+
+from cuco_kit import markers
+from cuco_kit.evaluate import build as build_mod
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.device import detect_gpu
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+from cuco_kit.evaluate.pool import live_worker_pids
+from cuco_kit.evaluate.replay import ReplayEvaluator
+from cuco_kit.evaluate.simulated import SimulatedEvaluator
+from cuco_kit.events import EventBus
+from cuco_kit.search.budget import BudgetConfig
+from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource
+from cuco_kit.search.engine import SearchEngine
+from cuco_kit.search.population import ProgramView
+from cuco_kit.store import Store
+from cuco_kit.workbench import recorded_runs
+from cuco_kit.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+os.chdir(ROOT)  # stores record the workload as a repo-relative path, not this machine's
 # Optuna 5 deprecates constraints_func (still honoured); once per ask it would drown the log.
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
-
-from console import progress, say  # noqa: E402
-
-from cuco_kit import markers  # noqa: E402
-from cuco_kit.evaluate import build as build_mod  # noqa: E402
-from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.device import detect_gpu  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator  # noqa: E402
-from cuco_kit.evaluate.pool import live_worker_pids  # noqa: E402
-from cuco_kit.evaluate.replay import ReplayEvaluator  # noqa: E402
-from cuco_kit.evaluate.simulated import SimulatedEvaluator  # noqa: E402
-from cuco_kit.events import EventBus  # noqa: E402
-from cuco_kit.search.budget import BudgetConfig  # noqa: E402
-from cuco_kit.search.config import SearchConfig  # noqa: E402
-from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource  # noqa: E402
-from cuco_kit.search.engine import SearchEngine  # noqa: E402
-from cuco_kit.store import Store  # noqa: E402
-from cuco_kit.workbench import recorded_runs  # noqa: E402
-from cuco_kit.workload import load_workload  # noqa: E402
 
 WL_REL = "sample_kernels/gemm_allgather"
 DEST_REL = Path("benchmarks") / "search"
@@ -93,7 +96,6 @@ def placement(knobs: dict[str, str] | None) -> str | None:
     return v.split("::")[-1] if v else None
 
 
-
 # ------------------------------------------------------------------------------------------------ builds
 
 def prebuild_all(jobs: list[tuple[str, str, str]], build_one: Callable[[str, str], tuple[bool, bool]],
@@ -114,7 +116,7 @@ def prebuild_all(jobs: list[tuple[str, str, str]], build_one: Callable[[str, str
                 ok, cached = build_one(code, backend)
                 row = {"label": label, "backend": backend, "ok": ok, "cached": cached,
                        "seconds": round(time.monotonic() - s, 2)}
-            except Exception as exc:  # noqa: BLE001 -- recorded; the evaluation builds again and reports it
+            except Exception as exc:  # noqa: BLE001 - recorded; the evaluation builds again and reports it
                 row = {"label": label, "backend": backend, "ok": False, "cached": False,
                        "error": f"{type(exc).__name__}: {exc}"[:300]}
         with lock:
@@ -138,7 +140,7 @@ class BenchEngine(SearchEngine):
 
     trials = 2
 
-    def _request(self, p: Any) -> EvalRequest:  # type: ignore[override]
+    def _request(self, p: ProgramView) -> EvalRequest:
         r = super()._request(p)
         r.trials = self.trials
         return r
@@ -191,7 +193,7 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
         d = ev.data
         try:
             knobs = store.program(d["program_id"])["knobs"]
-        except Exception:  # noqa: BLE001 -- a log line only
+        except Exception:  # noqa: BLE001 - a log line only
             knobs = {}
         val = (f"{d['median_ms']:.4f} ms {d['speedup']:.3f}x" if d.get("median_ms") is not None
                and d.get("speedup") is not None else (d.get("reason") or "")[:90])
@@ -205,7 +207,7 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
     error = None
     try:
         summary = engine.run().to_dict()
-    except Exception as exc:  # noqa: BLE001 -- recorded; the next run still gets its turn
+    except Exception as exc:  # noqa: BLE001 - recorded; the next run still gets its turn
         error = f"{type(exc).__name__}: {exc}"
         summary = engine.summary().to_dict() if engine.run_id is not None else {}
     finally:
@@ -254,6 +256,11 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
 
 # ------------------------------------------------------------------------------------------------ stores
 
+def trim(logs: dict[str, str]) -> dict[str, str]:
+    """A passing evaluation's logs, each cut to its last PASS_LOG_CHARS characters."""
+    return {k: (v if len(v) <= PASS_LOG_CHARS else "...\n" + v[-PASS_LOG_CHARS:]) for k, v in logs.items()}
+
+
 def compact(path: Path) -> dict[str, int]:
     """Keep a committed store small: requests lose the candidate and parent code (the program row holds the
     code and its hash, which is what the replay evaluator matches on), passing evaluations keep only short log
@@ -273,8 +280,6 @@ def compact(path: Path) -> dict[str, int]:
                 r["compacted"] = "code dropped: it is the program's code (programs.code)"
             new_logs, new_result = logs, result
             if verdict == "pass":
-                trim = (lambda d: {k: (v if len(v) <= PASS_LOG_CHARS else "...\n" + v[-PASS_LOG_CHARS:])
-                                   for k, v in d.items()})
                 if logs:
                     new_logs = json.dumps(trim(json.loads(logs)))
                 if result:
@@ -602,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"best {fmt(res['best_ms'])} ms ({short(res['best_knobs'])}), {fmt(res['best_speedup'], 3)}x "
                       f"seed; {res['state']}: {res['reason']}{'; ERROR ' + res['error'] if res['error'] else ''}",
                       flush=True)
-    except Exception:  # noqa: BLE001 -- reported (and the exit code says so); what ran is still written
+    except Exception:  # noqa: BLE001 - reported (and the exit code says so); what ran is still written
         fatal = traceback.format_exc()
         print(f"FATAL: {fatal}", flush=True)
     finally:
@@ -687,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     (dest / "results.json").write_text(json.dumps(summary, indent=1, default=str))
     table = make_table(result)
     (dest / "RESULTS.md").write_text(table)
-    # One tarball of what belongs in benchmarks/search/ (the device machine returns only a few files of --out).
+    # One tarball of what belongs in benchmarks/search/ (a remote runner may copy back only a few files of --out).
     tar_path = out / "benchmarks_search.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
         for f in sorted(dest.iterdir()):

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The sample benchmarks on a GPU machine, several steps in ONE session of CALL_S seconds (default 570), each step
+# The sample benchmarks on a GPU machine, several steps in ONE run of CALL_S seconds (default 570), each step
 # under what is left of it:
 #   CALL_S=570 OUT=results/ scripts/remote_gpu/device_samples.sh STEP [STEP ...]
 # STEP is one of
-#   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix moe_l2 moe_l2_skew moe_l2_fp8 moe_bench
-#   moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
+#   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
+#   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -15,8 +15,9 @@
 #  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
 #  are added to them)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
-# runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` = what is left minus a margin, so it stops starting
-# evaluations in time to write its JSON; steps that no longer fit are reported as not started.
+# runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` =
+# what is left minus a margin, so it stops starting evaluations in time to write its JSON; steps that no longer
+# fit are reported as not started.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -11,8 +11,8 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 set -a; . cuco_kit/evaluate/multicast_off.env; set +a  # multicast off (the kit's one list)
 PY=${PYTHON:-python3}
 OUT=${OUT:-benchmarks/harness/out}
+{ command -v nvidia-smi >/dev/null && nvidia-smi -L; } || { echo "gpu_check: no GPU (nvidia-smi -L failed)"; exit 2; }
 mkdir -p "$OUT"
-nvidia-smi -L || { echo "gpu_check: no GPU (nvidia-smi -L failed)"; exit 2; }
 command -v nvcc >/dev/null || export PATH="/usr/local/cuda/bin:$PATH"
 $PY -c "import tree_sitter, tree_sitter_cuda" 2>/dev/null \
   || echo "gpu_check: note: tree-sitter not installed here: L0 is skipped, the whitelist is not checked"

@@ -1,7 +1,7 @@
-"""One-shot probe of a GPU machine: what the harness relies on, checked in one call.
+"""One-shot probe of a GPU machine: what the harness relies on, checked in one run.
 
-Run on a GPU machine, from the repository root: `PYTHONPATH=. python3 scripts/remote_gpu/probe_device.py OUTDIR`. Prints one line per fact and
-writes OUTDIR/probe.json. Every child it starts keeps NVLink multicast off.
+Run on a GPU machine, from the repository root: `PYTHONPATH=. python3 scripts/remote_gpu/probe_device.py OUTDIR`.
+Prints one line per fact and writes OUTDIR/probe.json. Every child it starts keeps NVLink multicast off.
 """
 from __future__ import annotations
 
@@ -41,27 +41,27 @@ fact("python", sys.version.split()[0])
 fact("nvcc", sh("nvcc --version | tail -1"))
 fact("mps_control", sh("which nvidia-cuda-mps-control"))
 fact("compute_sanitizer", sh("which compute-sanitizer"))
-import nvidia.nccl  # noqa: E402
+import nvidia.nccl  # noqa: E402 - imported after the facts above, so they print even where it is missing
 
 nccl_dir = Path(list(nvidia.nccl.__path__)[0])
 fact("nccl_dir", str(nccl_dir))
 fact("nccl_header", sh(f"grep 'define NCCL_VERSION_CODE' {nccl_dir}/include/nccl.h"))
 try:
-    import nvidia.cu13  # noqa: F401
+    import nvidia.cu13
 
     fact("cu13_lib", sh(f"ls {list(nvidia.cu13.__path__)[0]}/lib | head -30"))
-except Exception as e:  # noqa: BLE001
+except Exception as e:  # noqa: BLE001 - whatever stops the listing is itself the fact recorded
     fact("cu13_lib", repr(e))
 fact("nvidia_pkgs", sh("ls $(python3 -c 'import nvidia,os;print(os.path.dirname(nvidia.__path__[0]))')/nvidia"))
 
-import torch  # noqa: E402
+import torch  # noqa: E402 - imported after the facts above, so they print even where it is missing
 
 fact("torch", torch.__version__)
 fact("torch_nccl", torch.cuda.nccl.version())
 a = torch.randn(256, 256, device="cuda", dtype=torch.bfloat16)
 (a @ a).sum().item()
 maps = Path("/proc/self/maps").read_text().splitlines()
-fact("loaded_libs", sorted({l.split()[-1] for l in maps if "cublas" in l or "nccl" in l or "cudart" in l}))
+fact("loaded_libs", sorted({m.split()[-1] for m in maps if "cublas" in m or "nccl" in m or "cudart" in m}))
 fact("blas_handle", hex(torch.cuda.current_blas_handle()))
 p = torch.cuda.get_device_properties(0)
 fact("props", {"sm": p.multi_processor_count, "l2": getattr(p, "L2_cache_size", None), "name": p.name})
@@ -135,7 +135,8 @@ def run_pair(env_extra: dict[str, str]) -> str:
         except subprocess.TimeoutExpired:
             os.killpg(pr.pid, 9)
             o = "TIMEOUT"
-        out.append("\n".join(l for l in o.splitlines() if "RESULT" in l or "Error" in l or "error" in l)[-600:])
+        out.append("\n".join(line for line in o.splitlines()
+                              if "RESULT" in line or "Error" in line or "error" in line)[-600:])
     return " | ".join(out)
 
 

@@ -48,7 +48,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cache = tmp_path_factory.mktemp("builds")
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=MAX_WORKERS) as pool:
-        futures = {(p, b): pool.submit(B.build, p.read_text(), b, B.for_workload(cfg, p.parent), cache) for p, b in CASES}
+        futures = {(p, b): pool.submit(B.build, p.read_text(), b, B.for_workload(cfg, p.parent), cache)
+                   for p, b in CASES}
         results = {k: f.result() for k, f in futures.items()}
     return {"results": results, "wall_s": time.monotonic() - t0, "cache": cache}
 

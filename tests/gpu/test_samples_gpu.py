@@ -1,7 +1,7 @@
 """Every sample on a real GPU, quickly: both seeds and the device-initiated baseline (its default knob values)
 pass L2 with fresh inputs at world size 1 (`nccl`) and 2 ranks (`symm` + compat), at each sample's small
 presets, the MoE sample's 8-bit dispatch included. The full knob grids and the timings are the benchmarks'
-job (benchmarks/<sample>/run.py); this is the regression check the gpu tier runs on every device session."""
+job (benchmarks/<sample>/run.py); this is the gpu tier's regression check, quick enough to run on every GPU run."""
 from __future__ import annotations
 
 from pathlib import Path

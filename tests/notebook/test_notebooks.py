@@ -96,4 +96,3 @@ def test_notebook_runs_headless_and_leaves_nothing(path: Path, tmp_path: Path, m
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
     assert not errors
     print(f"{path.name}: {elapsed:.1f} s")
-

@@ -58,4 +58,3 @@ def _tensor(wl: Workload, name: str) -> TensorSpec:
 def tensor() -> Callable[[Workload, str], TensorSpec]:
     """The workload's tensor spec of that name."""
     return _tensor
-

@@ -34,8 +34,8 @@ def emulated_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if causal:
         s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), -math.inf)
     p = torch.exp(s - s.amax(-1, keepdim=True))
-    l = p.sum(-1, keepdim=True)
-    return torch.einsum("hqk,khd->qhd", p.to(torch.bfloat16).double() / l, v.double()).to(torch.bfloat16)
+    row_sum = p.sum(-1, keepdim=True)
+    return torch.einsum("hqk,khd->qhd", p.to(torch.bfloat16).double() / row_sum, v.double()).to(torch.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------- the workload
@@ -186,7 +186,7 @@ def test_block_results_merged_by_log_sum_exp_equal_the_reference(wl, inputs_for)
         outs.append(torch.einsum("hqk,khd->qhd", w, v))
         lses.append(lse)
     total = torch.logsumexp(torch.stack(lses), dim=0)
-    merged = sum(torch.exp(l - total).permute(1, 0)[..., None] * o for o, l in zip(outs, lses))
+    merged = sum(torch.exp(part - total).permute(1, 0)[..., None] * o for o, part in zip(outs, lses))
     torch.testing.assert_close(merged, ref[r]["o"].double(), rtol=1e-5, atol=1e-5)
 
 

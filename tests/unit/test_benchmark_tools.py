@@ -1,4 +1,4 @@
-"""The benchmark plumbing that decides which rows a results table shows: merging device runs (a later run
+"""The benchmark plumbing that decides which rows a results table shows: merging GPU runs (a later run
 supersedes a row and the superseded one is kept), references going with their own run's rows, and the --only
 filter of a targeted re-run."""
 from __future__ import annotations

@@ -197,4 +197,3 @@ def test_supported_backends() -> None:
 def test_build_file_missing_is_one_line_error(tmp_path: Path) -> None:
     with pytest.raises(BadInput, match="cannot read candidate"):
         B.build_file(tmp_path / "nope.cu", "nccl")
-

@@ -146,7 +146,7 @@ def test_delay_answers_late_and_stop_does_not_wait_for_a_sleeping_handler(no_str
     def hang() -> None:
         try:
             chat(srv, "b")
-        except BaseException as e:  # the server drops the connection on stop
+        except BaseException as e:  # noqa: BLE001 - the server drops the connection on stop: any error ends the thread
             errors.append(e)
 
     t = threading.Thread(target=hang)
@@ -183,7 +183,10 @@ def test_hashed_embeddings_put_texts_sharing_words_closer():
     a = hashed_embedding("split the allgather into chunks and overlap with gemm", 256)
     b = hashed_embedding("split the allgather into chunks and overlap with the gemm tiles", 256)
     c = hashed_embedding("persistent kernel with flags per source block", 256)
-    dot = lambda x, y: sum(p * q for p, q in zip(x, y))  # noqa: E731
+
+    def dot(x: list[float], y: list[float]) -> float:
+        return sum(p * q for p, q in zip(x, y))
+
     assert dot(a, b) > dot(a, c)
 
 
@@ -210,4 +213,4 @@ def test_script_from_file_and_validation(tmp_path):
     with pytest.raises(ValueError, match="5xx"):
         server_error("x", status=404)
     with pytest.raises(RuntimeError, match="not started"):
-        FakeOpenAIServer().base_url
+        _ = FakeOpenAIServer().base_url

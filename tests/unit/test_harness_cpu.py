@@ -192,7 +192,7 @@ class _ScriptedHelpers:
     def __init__(self, out: tuple[int, ...]) -> None:
         self.out = out
 
-    def cuco_h_capture(self, step, ctx, stream, launch, out) -> int:  # noqa: ANN001
+    def cuco_h_capture(self, step, ctx, stream, launch, out) -> int:
         for i, v in enumerate(self.out):
             out[i] = v
         return 0

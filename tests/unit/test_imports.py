@@ -163,7 +163,7 @@ def test_gpu_side_modules_import_only_what_the_gpu_image_has():
     closure = gpu_side_closure()
     assert "cuco_kit" in closure
     offenders = []
-    for mod, path in sorted(closure.items()):
+    for _, path in sorted(closure.items()):
         for name, line in imports(path, module_level_only=True):
             top = name.split(".")[0]
             if top not in STDLIB and top not in GPU_IMAGE:

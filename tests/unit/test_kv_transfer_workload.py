@@ -139,16 +139,16 @@ def direct_cache(h: torch.Tensor, wkv: torch.Tensor, table: torch.Tensor, params
     """The decode cache built token by token with explicit sums: the definition, not the implementation."""
     L, S, D, KVD, PAGE = (params[k] for k in ("L", "S", "D", "KVD", "PAGE"))
     rows = torch.empty(L, S, 2 * KVD, dtype=torch.float64)
-    for l in range(L):
+    for layer in range(L):
         for t in range(S):
             for j in range(2 * KVD):
-                rows[l, t, j] = sum(float(h[t, k]) * float(wkv[l, k, j]) for k in range(D))
+                rows[layer, t, j] = sum(float(h[t, k]) * float(wkv[layer, k, j]) for k in range(D))
     if not PAGE:
         return rows
     cache = torch.full((L, S // PAGE, PAGE, 2 * KVD), math.nan, dtype=torch.float64)
-    for l in range(L):
+    for layer in range(L):
         for t in range(S):
-            cache[l, int(table[t // PAGE]), t % PAGE] = rows[l, t]
+            cache[layer, int(table[t // PAGE]), t % PAGE] = rows[layer, t]
     assert torch.isfinite(cache).all()  # a permutation fills every physical slot
     return cache
 

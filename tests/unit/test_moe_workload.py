@@ -49,13 +49,13 @@ def test_loads_with_files_presets_and_dsv3_shapes(wl):
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_shapes_capacities_and_valid_bytes_per_rank(wl, wl_module, world, tensor):
     p = {**TINY, "E": 8, "T": 16}
-    T, H, I, E, K = (p[n] for n in ("T", "H", "I", "E", "K"))
+    T, H, inter, E, K = (p[n] for n in ("T", "H", "I", "E", "K"))
     EL = E // world
     assert tensor(wl, "x").dims(p, world) == (T, H)
     assert tensor(wl, "topk_idx").dims(p, world) == (T, K)
     assert tensor(wl, "topk_w").dims(p, world) == (T, K)
-    assert tensor(wl, "w_gate_up").dims(p, world) == (EL, H, 2 * I)
-    assert tensor(wl, "w_down").dims(p, world) == (EL, I, H)
+    assert tensor(wl, "w_gate_up").dims(p, world) == (EL, H, 2 * inter)
+    assert tensor(wl, "w_down").dims(p, world) == (EL, inter, H)
     assert tensor(wl, "y").dims(p, world) == (T, H)
     assert tensor(wl, "y").capacity_bytes(p, world) == T * H * 2
     seen = []
@@ -167,7 +167,7 @@ def test_routing_skew_moves_load_to_the_hot_experts(wl, wl_module):
 
 def direct_y(ins, params, world: int, rank: int) -> torch.Tensor:
     """y of one rank token by token, slot by slot, with explicit float64 arithmetic: the definition."""
-    T, H, I, E, K = (params[n] for n in ("T", "H", "I", "E", "K"))
+    T, H, inter, E, K = (params[n] for n in ("T", "H", "I", "E", "K"))
     EL = E // world
     Tr = T - (rank * T) // (2 * world)
     y = torch.zeros(Tr, H, dtype=torch.float64)
@@ -178,12 +178,12 @@ def direct_y(ins, params, world: int, rank: int) -> torch.Tensor:
             owner, le = divmod(e, EL)
             wgu = ins[owner]["w_gate_up"][le].double()
             wd = ins[owner]["w_down"][le].double()
-            gate = torch.tensor([sum(float(x[h]) * float(wgu[h, j]) for h in range(H)) for j in range(I)],
+            gate = torch.tensor([sum(float(x[h]) * float(wgu[h, j]) for h in range(H)) for j in range(inter)],
                                 dtype=torch.float64)
-            up = torch.tensor([sum(float(x[h]) * float(wgu[h, I + j]) for h in range(H)) for j in range(I)],
+            up = torch.tensor([sum(float(x[h]) * float(wgu[h, inter + j]) for h in range(H)) for j in range(inter)],
                               dtype=torch.float64)
             act = gate / (1 + torch.exp(-gate)) * up
-            out = torch.tensor([sum(float(act[j]) * float(wd[j, h]) for j in range(I)) for h in range(H)],
+            out = torch.tensor([sum(float(act[j]) * float(wd[j, h]) for j in range(inter)) for h in range(H)],
                                dtype=torch.float64)
             y[t] += float(ins[rank]["topk_w"][t, k]) * out
     return y
@@ -222,7 +222,7 @@ def test_reference_refuses_wrong_world_shapes_and_experts(wl, inputs_for):
 def kernel_like(ins, params, world: int, rank: int) -> torch.Tensor:
     """What a correct kernel computes: fp32-accumulated GEMMs rounded to bf16 at every stage the kernels round
     (gate/up output, SwiGLU activation, expert output), fp32 combine, bf16 y."""
-    T, H, I, E, K = (params[n] for n in ("T", "H", "I", "E", "K"))
+    T, H, inter, E, K = (params[n] for n in ("T", "H", "I", "E", "K"))
     EL = E // world
     Tr = T - (rank * T) // (2 * world)
     bf = torch.bfloat16
@@ -234,7 +234,7 @@ def kernel_like(ins, params, world: int, rank: int) -> torch.Tensor:
         if not tok.numel():
             continue
         gu = (x[tok] @ ins[owner]["w_gate_up"][le]).to(bf).float()
-        act = (torch.nn.functional.silu(gu[:, :I]) * gu[:, I:]).to(bf).float()
+        act = (torch.nn.functional.silu(gu[:, :inter]) * gu[:, inter:]).to(bf).float()
         out = (act @ ins[owner]["w_down"][le]).to(bf).float()
         y.index_add_(0, tok, out * w[tok, slot].unsqueeze(1))
     return y.to(bf)

@@ -37,7 +37,7 @@ def test_pyproject_extras():
     gpu, dev = requirements(extras["gpu"]), requirements(extras["dev"])
     assert not [n for n in GPU if canonicalize_name(n) not in gpu]
     assert not [n for n in DEV if canonicalize_name(n) not in dev]
-    # Compile checks need the NCCL headers of exactly the version the device machines run.
+    # Compile checks need the NCCL headers of exactly the version the GPU machines run.
     assert str(dev["nvidia-nccl-cu13"].specifier) == "==2.28.9"
     # A bare `torch` in dev would pull a multi-GB CUDA build onto CPU machines: it must be pinned.
     assert any(s.operator == "==" for s in dev["torch"].specifier)

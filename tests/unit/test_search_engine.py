@@ -143,9 +143,9 @@ class _PricedClient:
 
     def complete(self, messages, *, purpose, temperature=None, max_tokens=None):
         self.calls += 1
-        text = ("NAME: more blocks %d\nRATIONALE: r\nTAGS: grid\n<<<<<<< SEARCH\n    gather_chunks<<<64, kThreads, "
-                "0, stream>>>(x, y, n, c);\n=======\n    gather_chunks<<<%d, kThreads, 0, stream>>>(x, y, n, c);\n"
-                ">>>>>>> REPLACE\n") % (self.calls, 64 + self.calls)
+        text = (f"NAME: more blocks {self.calls}\nRATIONALE: r\nTAGS: grid\n<<<<<<< SEARCH\n    gather_chunks<<<64, "
+                "kThreads, 0, stream>>>(x, y, n, c);\n=======\n"
+                f"    gather_chunks<<<{64 + self.calls}, kThreads, 0, stream>>>(x, y, n, c);\n>>>>>>> REPLACE\n")
         return Completion(text=text, model="priced", prompt_tokens=10, completion_tokens=10, latency_s=0.0,
                           finish_reason="stop", dollars=0.40)
 

@@ -22,7 +22,7 @@ from cuco_kit.store import Store, StoreError
 ROOT = Path(__file__).resolve().parents[2]
 GENERATIONS = 4
 
-CHILD = textwrap.dedent("""
+CHILD = textwrap.dedent(f"""
     import sys
     from cuco_kit.evaluate.simulated import SimulatedEvaluator
     from cuco_kit.search.budget import BudgetConfig
@@ -30,10 +30,10 @@ CHILD = textwrap.dedent("""
     from cuco_kit.search.design_space import DesignSpaceSource
     from cuco_kit.search.engine import SearchEngine
     from cuco_kit.store import Store
-    cfg = SearchConfig(seed=21, proposals_per_generation=3, budget=BudgetConfig(generations=%d))
+    cfg = SearchConfig(seed=21, proposals_per_generation=3, budget=BudgetConfig(generations={GENERATIONS}))
     SearchEngine(sys.argv[1], Store(sys.argv[2]), SimulatedEvaluator(seed=4, delay_s=0.25),
                  [DesignSpaceSource()], cfg).run()
-""" % GENERATIONS)
+""")
 
 
 def _config() -> SearchConfig:

@@ -438,7 +438,7 @@ def test_concurrent_reads_during_writes(tmp_path: Path) -> None:
                                        knobs={"i": str(i)})
                 eid = s.start_evaluation(parent, world_size=1, backend="nccl", badge="simulated", request={"i": i})
                 s.finish_evaluation(eid, _result(median=1.0 + (i % 7), badge="simulated"))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - collected for the main thread to assert on, failed asserts included
             errors.append(e)
         finally:
             stop.set()
@@ -460,7 +460,7 @@ def test_concurrent_reads_during_writes(tmp_path: Path) -> None:
                 seen["reads"] += 1
                 readers_running.set()
             assert len(store.programs(rid)) == n  # everything committed is visible once the writer is done
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - collected for the main thread to assert on, failed asserts included
             errors.append(e)
 
     threads = [threading.Thread(target=writer), threading.Thread(target=reader, args=(s,)),
@@ -486,7 +486,7 @@ def test_two_stores_opening_a_fresh_file_migrate_once(tmp_path: Path) -> None:
     def opener() -> None:
         try:
             stores.append(Store(path))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - collected for the main thread to assert on, failed asserts included
             errors.append(e)
 
     threads = [threading.Thread(target=opener) for _ in range(4)]

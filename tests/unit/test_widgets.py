@@ -232,7 +232,9 @@ def test_run_dashboard_queue_buttons_and_throttle(run_store):
     assert len(dash.queue.children) == 1
     dash.queue.children[0].approve.click()
     assert eng.gate.decisions == [(pid, "approved", None)]
-    dash.pause_b.click(); dash.resume_b.click(); dash.stop_b.click()
+    dash.pause_b.click()
+    dash.resume_b.click()
+    dash.stop_b.click()
     assert eng.calls == ["pause", "resume", "stop"]
     before = dash._refresh.calls
     for _ in range(50):
@@ -241,7 +243,7 @@ def test_run_dashboard_queue_buttons_and_throttle(run_store):
     assert dash.events_seen == 50
     assert 1 <= dash._refresh.calls - before <= 3  # throttled: not once per event
     dash.lineage.select(kids[2])
-    assert "#%d" % kids[2] in dash.detail.value
+    assert f"#{kids[2]}" in dash.detail.value
     dash.close()
 
 
