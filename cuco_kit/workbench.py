@@ -19,6 +19,7 @@ from cuco_kit import smoke
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, Evaluator
 from cuco_kit.evaluate.device import describe_gpus
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
@@ -208,8 +209,6 @@ def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoi
     if want in (None, "gpu") and (want == "gpu" or not smoke.enabled()):
         name = describe_gpus()
         if name:
-            from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator  # imports torch
-
             return EvaluatorChoice(GpuEvaluator(), "gpu", "real", f"real measurements on this machine's {name}")
         if want == "gpu":
             raise BadInput("evaluator 'gpu' asked for, but no GPU is visible here (nvidia-smi lists none); "

@@ -82,7 +82,7 @@ class EvalCell(W.VBox):
     def _work(self, req: EvalRequest) -> None:
         try:
             res = self.evaluator.evaluate(req, self._progress)
-        except Exception as exc:  # misuse (bad workload, bad request): show it, keep the cell usable
+        except Exception as exc:  # noqa: BLE001 - misuse (bad workload, bad request): show it, keep the cell usable
             res = EvalResult(level_reached="L0", verdict="error", reason=f"{type(exc).__name__}: {exc}")
         row = {"candidate": req.label, "ranks": req.world_size, "backend": req.backend,
                "sizes": self.preset.value, "level": res.level_reached, "verdict": res.verdict,

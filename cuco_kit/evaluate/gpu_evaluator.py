@@ -79,8 +79,8 @@ def _emit(progress: Progress | None, **event: Any) -> None:
     if progress is not None:
         try:
             progress(event)
-        except Exception:
-            pass  # a broken progress callback must not break an evaluation
+        except Exception:  # noqa: BLE001 - a broken progress callback must not break an evaluation
+            pass
 
 
 def _site_prefixes() -> list[tuple[str, str]]:

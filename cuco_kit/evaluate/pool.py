@@ -229,7 +229,7 @@ class WorkerGroup:
             try:
                 if self.store.check([k]):
                     notes.append(f"rank {r}: {json.loads(self.store.get(k))['reason']}")
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: a note must not mask the failure being reported
                 pass
         return ("; noted before: " + "; ".join(notes)) if notes else ""
 

@@ -18,6 +18,7 @@ import threading
 import time
 
 from cuco_kit import markers
+from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 
 
@@ -140,8 +141,6 @@ class SimulatedEvaluator:
 
 
 def _knobs(code: str) -> tuple[dict[str, str], str | None]:
-    from cuco_kit.errors import BadInput
-
     try:
         return {k.name: k.value for k in markers.knobs(code)}, None
     except BadInput as exc:

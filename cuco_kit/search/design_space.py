@@ -66,8 +66,8 @@ class DesignSpaceSource:
             want = "gp" if ctx.parallel <= 1 and small else "tpe"
         if want == "gp":
             try:
-                import scipy  # noqa: F401 -- GPSampler needs it at ask time, not at construction
-                import torch  # noqa: F401
+                import scipy  # noqa: F401 - probe: GPSampler needs it at ask time, not at construction
+                import torch  # noqa: F401 - probe, as scipy
 
                 self.last_sampler = "GPSampler"
                 return optuna.samplers.GPSampler(seed=seed, n_startup_trials=self.config.n_startup_trials,

@@ -669,8 +669,8 @@ class SearchEngine:
             moves = islands_mod.migrate(self.population, generation, cfg.islands)
             self._migrations.extend(moves)
             if moves:
-                self._log("migration after generation %d: %s" % (generation, ", ".join(
-                    f"program {m['program_id']} island {m['from']}->{m['to']}" for m in moves)))
+                self._log(f"migration after generation {generation}: " + ", ".join(
+                    f"program {m['program_id']} island {m['from']}->{m['to']}" for m in moves))
         best = self.population.best()
         switched = self.phase.end_generation(generation, best.fitness if best else None)
         if switched:

@@ -14,7 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from cuco_kit import markers, patch
+from cuco_kit import markers, patch, prompts
+from cuco_kit.llm.client import LLMBudgetExceeded, LLMError
+from cuco_kit.llm.ledger import LedgeredClient
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import MUTATION_KINDS, Proposal, ProposalContext, unified_diff
 
@@ -65,8 +67,6 @@ class LLMSource:
 
     def bind(self, engine: Any) -> None:
         """Route calls through the engine's ledger (dollar budget, store rows) unless already ledgered."""
-        from cuco_kit.llm.ledger import LedgeredClient
-
         if not isinstance(self.client, LedgeredClient) and engine.ledger is not None:
             self.client = engine.ledger.wrap(self.client)
 
@@ -86,8 +86,6 @@ class LLMSource:
         return "\n".join(lines) or "none yet"
 
     def build_messages(self, ctx: ProposalContext, kind: str) -> list[dict]:
-        from cuco_kit import prompts
-
         parent = ctx.parent
         values: dict[str, Any] = dict(
             phase=ctx.phase.name, phase_hint=ctx.phase.hint, parent_id=parent.id, parent_result=parent.summary(),
@@ -105,8 +103,6 @@ class LLMSource:
 
     # -- proposing ------------------------------------------------------------------------------------------
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
-        from cuco_kit.llm.client import LLMBudgetExceeded, LLMError
-
         kind = ctx.kind if ctx.kind in self.kinds else "diff"
         if kind == "crossover" and ctx.second_parent is None:
             kind = "diff"
