@@ -23,8 +23,10 @@ class EvalCell(W.VBox):
                  iters: int = 20, interval: float = 1.0) -> None:
         self.evaluator = evaluator
         self.workload = load_workload(workload_dir)
-        files = candidates or {f: (self.workload.directory / f).read_text()
-                               for f in sorted({*self.workload.seeds.values(), self.workload.baseline} - {None})}
+        names = set(self.workload.seeds.values())
+        if self.workload.baseline is not None:
+            names.add(self.workload.baseline)
+        files = candidates or {f: (self.workload.directory / f).read_text() for f in sorted(names)}
         self.sources = dict(files)
         presets = {"default": {}, **self.workload.size_presets}
         self.candidate = W.Dropdown(options=list(self.sources), description="candidate")

@@ -53,7 +53,8 @@ def _all_features(code: str) -> dict[str, Any]:
 def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | None = None) -> str:
     """``backend=<b>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer."""
     parts = [f"backend={backend}", markers.design_cell(knobs)] if knobs else [f"backend={backend}", "knobs=-"]
-    for k in sorted(features or {}):
+    features = features or {}
+    for k in sorted(features):
         v = features[k]
         parts.append(f"{k}={int(v) if isinstance(v, bool) else v}")
     return "|".join(parts)

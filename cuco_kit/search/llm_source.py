@@ -12,13 +12,16 @@ import collections
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuco_kit import markers, patch, prompts
-from cuco_kit.llm.client import LLMBudgetExceeded, LLMError
+from cuco_kit.llm.client import LLMBudgetExceeded, LLMClient, LLMError
 from cuco_kit.llm.ledger import LedgeredClient
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import MUTATION_KINDS, Proposal, ProposalContext, unified_diff
+
+if TYPE_CHECKING:
+    from cuco_kit.search.engine import SearchEngine  # for the annotation only: sources sit below the engine
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -58,14 +61,14 @@ class LLMSource:
     LedgeredClient, so every call counts against the run's dollar budget)."""
 
     name = "llm"
-    kinds = ("diff", "full", "crossover")
+    kinds: tuple[str, ...] = ("diff", "full", "crossover")
 
-    def __init__(self, client: Any, config: LLMSourceConfig | None = None) -> None:
+    def __init__(self, client: LLMClient, config: LLMSourceConfig | None = None) -> None:
         self.client = client
         self.config = config or LLMSourceConfig()
         self.errors: collections.deque[str] = collections.deque(maxlen=self.config.recent_errors)
 
-    def bind(self, engine: Any) -> None:
+    def bind(self, engine: SearchEngine) -> None:
         """Route calls through the engine's ledger (dollar budget, store rows) unless already ledgered."""
         if not isinstance(self.client, LedgeredClient) and engine.ledger is not None:
             self.client = engine.ledger.wrap(self.client)

@@ -65,7 +65,7 @@ def nccl_config(version_code: int, blocking: bool = False) -> NcclConfig:
     c.size = ctypes.sizeof(NcclConfig)
     c.magic = 0xCAFEBEEF
     c.version = version_code
-    for name, typ in NcclConfig._fields_[3:]:
+    for name, typ, *_ in NcclConfig._fields_[3:]:
         if typ is ctypes.c_int:
             setattr(c, name, NCCL_CONFIG_UNDEF_INT)
     c.blocking = 1 if blocking else 0
@@ -273,19 +273,22 @@ class NcclBackend(Backend):
         except Exception as exc:  # noqa: BLE001 - reported to every rank, so all fail the phase together
             ok, msg = False, str(exc)
         self._phase(f"window:{name}", ok, msg)
+        local, handle = ptr.value, win.value
+        if local is None or handle is None:  # the phase above raised unless NCCL reported success
+            raise NcclError(f"window {name}: NCCL reported success but returned a null pointer")
         table = torch.zeros(self.world, dtype=torch.int64, device=f"cuda:{self.device}")
         rc = self.helpers.cuco_h_fill_peer_table(win, ctypes.c_void_p(table.data_ptr()), self.world,
                                                  ctypes.c_void_p(self.stream.cuda_stream))
         ok, msg = rc == 0, "" if rc == 0 else f"peer table of {name}: {self.helpers.error_name(rc)}"
         peers = table.cpu().tolist() if ok else []
-        if ok and peers[self.rank] != ptr.value:
+        if ok and peers[self.rank] != local:
             # NCCL's LSA view of our own window is a second mapping of the same memory; the ABI promises
             # peers[rank] == local, so the table carries the allocation's own address for this rank.
-            peers[self.rank] = int(ptr.value)
-            table[self.rank] = int(ptr.value)
+            peers[self.rank] = local
+            table[self.rank] = local
         self._phase(f"peers:{name}", ok, msg)
-        tensor = wrap_device_pointer(int(ptr.value), size, self.device)
-        w = Window(name, int(nbytes), size, int(ptr.value), peers, table, tensor, int(win.value))
+        tensor = wrap_device_pointer(local, size, self.device)
+        w = Window(name, int(nbytes), size, local, peers, table, tensor, handle)
         self.windows.append(w)
         return w
 

@@ -33,7 +33,7 @@ from torch.distributed import PrefixStore
 from torch.profiler import ProfilerActivity, profile
 
 from cuco_kit.evaluate.rank import abi
-from cuco_kit.evaluate.rank.backends import NcclBackend, SymmBackend
+from cuco_kit.evaluate.rank.backends import Backend, NcclBackend, SymmBackend
 from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, verified_iterations
 from cuco_kit.workload import DTYPES, load_workload
 
@@ -129,6 +129,7 @@ class RankHarness:
         self.dist = dist
         self.stream = torch.cuda.Stream(device=self.dev)
         self.helpers = Helpers(config["helpers_so"])
+        self.backend: Backend
         if self.backend_name == "nccl":
             self.backend = NcclBackend(rank, world, self.device, chan, self.helpers, self.stream,
                                        init_timeout_s=float(config.get("init_timeout_s", 120)),
@@ -645,7 +646,7 @@ class _Evaluation:
 def kernel_rows(events: Any, rank: int) -> list[dict[str, Any]]:
     """torch.profiler events -> Gantt rows {rank, stream, name, start_us, dur_us} of the GPU kernels and copies.
     The harness's own barrier and L2-flush kernels are kept: they show where the timed region starts."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in events:
         kind = str(getattr(e, "device_type", "")).rsplit(".", 1)[-1]
         if kind != "CUDA":
