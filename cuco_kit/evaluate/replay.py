@@ -64,7 +64,7 @@ class ReplayEvaluator:
         if workload_dir not in self._workload_params:
             try:
                 self._workload_params[workload_dir] = dict(load_workload(workload_dir).params)
-            except Exception:  # noqa: BLE001 -- a replay on a machine without the workload still matches raw
+            except Exception:  # noqa: BLE001 - a replay on a machine without the workload still matches raw
                 self._workload_params[workload_dir] = None
         defaults = self._workload_params[workload_dir]
         out = dict(defaults or {})

@@ -151,7 +151,7 @@ def _outside_knobs(code: str) -> str:
     """The code with the knob block's lines removed (so a knob move does not also move the code hash term)."""
     try:
         kb = next((b for b in markers.blocks(code) if b.name == markers.KNOB_BLOCK), None)
-    except Exception:  # noqa: BLE001 -- malformed markers were L0's business
+    except Exception:  # noqa: BLE001 - malformed markers were L0's business
         return code
     return code if kb is None else code[:kb.start_offset] + code[kb.end_offset:]
 

@@ -96,7 +96,7 @@ class DesignSpaceSource:
         parent = ctx.parent
         try:
             knobs = markers.knobs(parent.code)
-        except Exception as exc:  # noqa: BLE001 -- a parent without a usable knob block has no design space
+        except Exception as exc:  # noqa: BLE001 - a parent without a usable knob block has no design space
             log.info("design space: program %s has no usable knob block (%s)", parent.id, exc)
             return []
         if not knobs:
@@ -225,7 +225,7 @@ class RandomKnobSource:
         for cand in [ctx.parent, *ctx.population.roots()]:
             try:
                 knobs = markers.knobs(cand.code)
-            except Exception:  # noqa: BLE001 -- no usable knob block: try the next candidate
+            except Exception:  # noqa: BLE001 - no usable knob block: try the next candidate
                 knobs = []
             if knobs:
                 base = cand

@@ -50,7 +50,7 @@ def evolve_blocks_text(code: str, max_chars: int) -> str:
     """The program's EVOLVE blocks with their names (what an inspiration needs to show), clipped."""
     try:
         parts = [f"// block {b.name}\n{b.text}" for b in markers.blocks(code)]
-    except Exception:  # noqa: BLE001 -- broken markers: show the head of the file instead
+    except Exception:  # noqa: BLE001 - broken markers: show the head of the file instead
         parts = [code]
     text = "\n".join(parts)
     return text if len(text) <= max_chars else text[:max_chars] + "\n// ... (clipped)"
@@ -95,7 +95,7 @@ class LLMSource:
             parent_code=parent.code, meta_summary=ctx.meta_summary or "nothing yet",
             failures=self._failures(ctx))
         if kind == "crossover":
-            second: ProgramView = ctx.second_parent  # type: ignore[assignment]
+            second: ProgramView = ctx.second_parent  # type: ignore[assignment]  # propose(): crossover has one
             values.update(second_parent_id=second.id, second_parent_result=second.summary(),
                           second_parent_code=second.code)
         else:
