@@ -19,7 +19,7 @@ Buffers are named by their base expression: casts, parentheses and pointer offse
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -563,13 +563,13 @@ def _base(node: Node, scope: _Scope, depth: int = 0) -> str:
             return _base(left, scope, depth)
     if t == "pointer_expression":
         arg = node.child_by_field_name("argument")
-        op = node_text(node.children[0]) if node.children else ""
-        if arg is not None and op == "&":
+        unary = node_text(node.children[0]) if node.children else ""
+        if arg is not None and unary == "&":
             if arg.type == "subscript_expression":
                 inner = arg.child_by_field_name("argument")
                 return _base(inner, scope, depth) if inner is not None else _norm(node_text(node))
             return "&" + _base(arg, scope, depth)
-        if arg is not None and op == "*":
+        if arg is not None and unary == "*":
             return "*" + _base(arg, scope, depth)
     if t == "call_expression":
         name = _callee_name(node)
@@ -645,7 +645,7 @@ def _param_info(p: Node) -> tuple[str, str, bool, bool]:
     return name, type_text, pointer, const
 
 
-def _lhs_base_ident(node: Node) -> str | None:
+def _lhs_base_ident(node: Node | None) -> str | None:
     """The identifier a store target is based on: p[i], *p, p[i].x, *(p + i), p->x."""
     while node is not None:
         t = node.type
@@ -662,7 +662,7 @@ def _lhs_base_ident(node: Node) -> str | None:
     return None
 
 
-def _base_ident_nodes(node: Node) -> list[tuple[int, int]]:
+def _base_ident_nodes(node: Node | None) -> list[tuple[int, int]]:
     """Span of the identifier a pointer expression is based on (see _lhs_base_ident), as a list of 0 or 1."""
     while node is not None:
         t = node.type
@@ -910,12 +910,12 @@ class _Analyzer:
                                             _text(args, 1), _text(args, 2)))
         elif name in _EVENT_CALLS:
             if name == "cudaStreamWaitEvent":
-                ev, st = _opt(args, 1, scope), _opt(args, 0, scope)
+                ev, ev_stream = _opt(args, 1, scope), _opt(args, 0, scope)
             elif name.startswith("cudaEventRecord"):
-                ev, st = _opt(args, 0, scope), _opt(args, 1, scope) or "0"
+                ev, ev_stream = _opt(args, 0, scope), _opt(args, 1, scope) or "0"
             else:
-                ev, st = _out_arg(args, 0, scope), None
-            rep.events.append(EventCall(name, _line(call), fname, ev, st))
+                ev, ev_stream = _out_arg(args, 0, scope), None
+            rep.events.append(EventCall(name, _line(call), fname, ev, ev_stream))
         elif name in _SYNCS:
             rep.syncs.append(SyncCall(name, _line(call), fname, _opt(args, 0, scope)))
 
@@ -1099,15 +1099,16 @@ class _Analyzer:
                 name = _callee_name(n) or ""
                 if (name in _STREAM_WAIT_VALUE or (name.startswith("ncclGin") and "wait" in name.lower())
                         or _FLAG_WAIT_CALL.match(name)):
-                    f = self.func_of(n)
-                    out.append({"kind": name, "function": f.name if f else None, "line": _line(n)})
+                    owner = self.func_of(n)
+                    out.append({"kind": name, "function": owner.name if owner else None, "line": _line(n)})
             elif n.type == "field_expression":
                 fld = n.child_by_field_name("field")
                 parent = n.parent
                 if (fld is not None and node_text(fld) in ("waitSignal", "waitCounter") and parent is not None
                         and parent.type == "call_expression"):
-                    f = self.func_of(n)
-                    out.append({"kind": node_text(fld), "function": f.name if f else None, "line": _line(n)})
+                    owner = self.func_of(n)
+                    out.append({"kind": node_text(fld), "function": owner.name if owner else None,
+                                "line": _line(n)})
         return out
 
     # -- execution-order graph --
@@ -1126,6 +1127,7 @@ class _Analyzer:
 
     def expand(self, func: _Func, scope: _Scope, stack: list[str], depth: int) -> Iterator[tuple[Node, _Scope]]:
         """Call sites of `func` in execution order, calls to local host functions replaced by their bodies."""
+        assert func.body is not None  # roots() and the inlining below expand only functions with a body
         calls = sorted((n for n in walk(func.body)
                         if n.type == "call_expression" and self.func_of(n) is func and not _disabled(n)),
                        key=lambda n: n.start_byte)
@@ -1300,7 +1302,7 @@ def analyze_file(path: str | Path) -> AnalysisReport:
     return analyze(text, str(p))
 
 
-__all__: Iterable[str] = [
+__all__ = [
     "AnalysisReport", "Allocation", "BlasCall", "CommCall", "CopyCall", "EventCall", "Free", "Graph", "Group",
     "Kernel", "KernelParam", "Launch", "SetupCall", "StreamCreate", "SyncCall", "analyze", "analyze_file",
 ]

@@ -156,13 +156,13 @@ class EventBus:
         for cb in subscribers:
             try:
                 cb(event)
-            except Exception as e:  # noqa: BLE001 -- a widget's bug must not stop the search
+            except Exception as e:  # noqa: BLE001 - a widget's bug must not stop the search
                 failure = SubscriberFailure(callback=getattr(cb, "__qualname__", repr(cb)), event=event,
                                             error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
                 self.failures.append(failure)
                 try:
                     self._on_error(failure)
-                except Exception:  # noqa: BLE001 -- the reporter failing must not stop the search either
+                except Exception:  # noqa: BLE001 - the reporter failing must not stop the search either
                     _log.exception("event on_error handler failed")
         return event
 

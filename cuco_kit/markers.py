@@ -141,7 +141,7 @@ def frozen_hash(code: str) -> str:
 def strip_markers(code: str) -> str:
     """`code` without its marker lines: the unannotated source, byte for byte."""
     lines = code.split("\n")
-    marker_lines = set()
+    marker_lines: set[int] = set()
     for b in blocks(code):
         marker_lines.update((b.start_line, b.end_line))
     kept = [line for i, line in enumerate(lines) if i + 1 not in marker_lines]
@@ -160,7 +160,9 @@ def is_knob_declaration(line: str) -> bool:
 
 def _split_allowed(text: str) -> tuple[str, ...]:
     """Split a knob's allowed set on top-level commas (commas inside (), [] or {} belong to a value)."""
-    items, depth, cur = [], 0, []
+    items: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch in "([{":
             depth += 1

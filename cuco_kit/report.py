@@ -4,6 +4,7 @@ Reads the store only; pandas is imported here (not in cuco_kit.store, which the 
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
@@ -20,7 +21,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
     programs = {p["id"]: p for p in store.programs(run_id)}
     rows: list[dict[str, Any]] = []
     for e in store.evaluations(run_id=run_id):
-        p = programs.get(e["program_id"], {})
+        p: Mapping[str, Any] = programs.get(e["program_id"], {})
         prov = e.get("provenance") or {}
         rows.append({
             "evaluation_id": e["id"], "program_id": e["program_id"], "parent_id": p.get("parent_id"),

@@ -316,7 +316,7 @@ def _frozen_diff(code: str, blks: list[Block], parent: str, pblks: list[Block], 
     sm = difflib.SequenceMatcher(a=[t for _, t in theirs], b=[t for _, t in mine], autojunk=False)
     out: list[str] = []
     hunks = [op for op in sm.get_opcodes() if op[0] != "equal"]
-    for tag, i1, i2, j1, j2 in hunks[:limit]:
+    for tag, i1, _i2, j1, _j2 in hunks[:limit]:
         cline = mine[j1][0] if j1 < len(mine) else (mine[-1][0] if mine else 1)
         pline = theirs[i1][0] if i1 < len(theirs) else (theirs[-1][0] if theirs else 1)
         if tag == "replace":

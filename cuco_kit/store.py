@@ -682,8 +682,8 @@ class Store:
         self._write("UPDATE proposals SET program_id = ? WHERE id = ?", (program_id, proposal_id))
 
     def decisions(self, proposal_id: int) -> list[DecisionRow]:
-        return [cast(DecisionRow, dict(r)) for r in self._rows("SELECT * FROM decisions WHERE proposal_id = ? ORDER BY id",
-                                            (proposal_id,))]
+        rows = self._rows("SELECT * FROM decisions WHERE proposal_id = ? ORDER BY id", (proposal_id,))
+        return [cast(DecisionRow, dict(r)) for r in rows]
 
     @staticmethod
     def _proposal_dict(r: sqlite3.Row) -> ProposalRow:

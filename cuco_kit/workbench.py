@@ -19,6 +19,7 @@ from cuco_kit import smoke
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, Evaluator
 from cuco_kit.evaluate.device import describe_gpus
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
@@ -30,7 +31,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
-from cuco_kit.store import Store
+from cuco_kit.store import ProgramRow, Store
 from cuco_kit.workload import load_workload
 
 EVALUATOR_ENV = "CUCO_EVALUATOR"  # force "gpu", "replay" or "simulated"
@@ -208,8 +209,6 @@ def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoi
     if want in (None, "gpu") and (want == "gpu" or not smoke.enabled()):
         name = describe_gpus()
         if name:
-            from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator  # imports torch
-
             return EvaluatorChoice(GpuEvaluator(), "gpu", "real", f"real measurements on this machine's {name}")
         if want == "gpu":
             raise BadInput("evaluator 'gpu' asked for, but no GPU is visible here (nvidia-smi lists none); "
@@ -326,8 +325,8 @@ class Winner:
 
     note: Note
     knobs: Any  # pandas frame: knob -> baseline value, best value
-    program: dict[str, Any] | None
-    baseline: dict[str, Any] | None
+    program: ProgramRow | None
+    baseline: ProgramRow | None
 
 
 def what_won(store: Store, run_id: int) -> Winner:
@@ -352,7 +351,7 @@ def what_won(store: Store, run_id: int) -> Winner:
         if ratio <= 1.0:
             text += ": no candidate beat the seed in this run"
     text += f" [{badge}]"
-    knobs = pd.DataFrame({"baseline": (baseline or {}).get("knobs") or {}, "best": prog.get("knobs") or {}})
+    knobs = pd.DataFrame({"baseline": (baseline["knobs"] or {}) if baseline else {}, "best": prog.get("knobs") or {}})
     if not knobs.empty:
         knobs["changed"] = knobs["baseline"] != knobs["best"]
     return Winner(Note(text, badge), knobs, prog, baseline)

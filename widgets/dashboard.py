@@ -14,7 +14,7 @@ import ipywidgets as W
 from cuco_kit.events import Event
 
 from ._common import Throttle, esc
-from .diff_review import DiffReview
+from .diff_review import DiffReview, side_by_side_html
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
 from .views import LedgerView
 
@@ -65,8 +65,6 @@ class RunDashboard(W.VBox):
         parent = self.store.program(p["parent_id"]) if p.get("parent_id") else None
         evs = self.store.evaluations(program_id=program_id)
         last = evs[-1] if evs else {}
-        from .diff_review import side_by_side_html
-
         metrics = (f"verdict <b>{esc(last.get('verdict'))}</b> at {esc(last.get('level_reached'))}; "
                    f"median {esc(last.get('median_ms'))} ms; speed-up {esc(last.get('speedup'))}; "
                    f"reason {esc(last.get('reason'))}") if last else "not evaluated yet"

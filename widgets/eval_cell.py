@@ -23,8 +23,10 @@ class EvalCell(W.VBox):
                  iters: int = 20, interval: float = 1.0) -> None:
         self.evaluator = evaluator
         self.workload = load_workload(workload_dir)
-        files = candidates or {f: (self.workload.directory / f).read_text()
-                               for f in sorted({*self.workload.seeds.values(), self.workload.baseline} - {None})}
+        names = set(self.workload.seeds.values())
+        if self.workload.baseline is not None:
+            names.add(self.workload.baseline)
+        files = candidates or {f: (self.workload.directory / f).read_text() for f in sorted(names)}
         self.sources = dict(files)
         presets = {"default": {}, **self.workload.size_presets}
         self.candidate = W.Dropdown(options=list(self.sources), description="candidate")
@@ -82,7 +84,7 @@ class EvalCell(W.VBox):
     def _work(self, req: EvalRequest) -> None:
         try:
             res = self.evaluator.evaluate(req, self._progress)
-        except Exception as exc:  # misuse (bad workload, bad request): show it, keep the cell usable
+        except Exception as exc:  # noqa: BLE001 - misuse (bad workload, bad request): show it, keep the cell usable
             res = EvalResult(level_reached="L0", verdict="error", reason=f"{type(exc).__name__}: {exc}")
         row = {"candidate": req.label, "ranks": req.world_size, "backend": req.backend,
                "sizes": self.preset.value, "level": res.level_reached, "verdict": res.verdict,

@@ -2,11 +2,9 @@
 stage as a DiffReview against the stage's input."""
 from __future__ import annotations
 
-from typing import Any
-
 from IPython.display import display
 
-from cuco_kit.fastpath import FastPath
+from cuco_kit.fastpath import FastPath, StageOutcome
 from cuco_kit.workbench import Note
 
 from ._common import badge_colour, esc
@@ -39,7 +37,7 @@ def banner(note: Note | str, badge: str = "info") -> Banner:
     return Banner(note, badge)
 
 
-def review_attempts(fp: FastPath, outcome: Any) -> None:
+def review_attempts(fp: FastPath, outcome: StageOutcome) -> None:
     """Display a stage's outcome (from fp.stage_a(), stage_b() or annotate()) and each of its attempts as a
     side-by-side diff against the stage's input. Attempts already decided show their verdict, frozen."""
     before = _STAGE_BEFORE.get(outcome.stage)

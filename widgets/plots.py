@@ -115,7 +115,7 @@ class LineageTree(_RunView):
                 x=[self.positions[int(p)][0] for p in bad["program_id"]],
                 y=[self.positions[int(p)][1] for p in bad["program_id"]], mode="markers",
                 marker=dict(size=11, color="#999",
-                            symbol=[_FAIL_SYMBOL.get(str(l), "x") for l in bad["level_reached"]]),
+                            symbol=[_FAIL_SYMBOL.get(str(lv), "x") for lv in bad["level_reached"]]),
                 customdata=bad["program_id"].tolist(), hovertext=[_hover(r) for _, r in bad.iterrows()],
                 hoverinfo="text", name="failed (symbol = level)")
         for trace in self.fig.data[1:]:

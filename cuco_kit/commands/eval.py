@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload, parse_overrides
 
@@ -64,9 +65,6 @@ def _levels_run(res: EvalResult) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    # The GPU evaluator imports torch: only this command pays for it.
-    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-
     code = _read(args.candidate, "candidate")
     wl = load_workload(args.workload)
     params = parse_overrides(args.size)

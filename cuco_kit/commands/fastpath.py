@@ -12,18 +12,16 @@ import json
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 from urllib.parse import urlparse
 
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig, FastPathResult
 from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
 from cuco_kit.static_check import load_source
 from cuco_kit.store import Store
-
-if TYPE_CHECKING:
-    from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 
 HELP = "host-to-device rewrite of a seed (LLM loop)"
 LLM_HINT = ("point cuco at an OpenAI-compatible server: export OPENAI_BASE_URL=http://localhost:8000/v1 (vLLM; "
@@ -83,9 +81,6 @@ def run(args: argparse.Namespace) -> int:
     evaluator: GpuEvaluator | None = None
     gpu = gpu_present()
     if workload is not None and gpu:
-        # The GPU evaluator imports torch: only a run that can use it pays for it.
-        from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-
         evaluator = GpuEvaluator()
     store = Store(args.db) if args.db else None
     config = FastPathConfig(backend=args.backend, max_attempts=int(args.max_attempts), gpu=gpu)

@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import Evaluator
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import Event, EventBus
@@ -54,12 +55,6 @@ def _evaluator(args: argparse.Namespace, workload_dir: Path, workload_name: str)
                 return ReplayEvaluator(c)
         raise BadInput("--evaluator replay needs a replay database: set CUCO_REPLAY_DB, or commit one as "
                        f"{workload_dir / 'replay.db'} or benchmarks/search/{workload_name}.db")
-    try:
-        # The GPU evaluator imports torch: only a GPU search pays for it.
-        from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-    except ImportError as exc:
-        raise BadInput(f"--evaluator gpu is not available here ({exc}); use --evaluator simulated or replay") \
-            from None
     return GpuEvaluator()
 
 

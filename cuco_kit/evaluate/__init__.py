@@ -5,19 +5,9 @@ build, launcher, pool, mps, gpu_evaluator, replay, simulated; none of them impor
 context. What runs inside the rank processes (the worker loop, the harness, the backends, the ABI mirror) is
 the subpackage ``rank``: it imports torch, and the parent only starts it as a process, never imports it.
 """
-import importlib
-
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Progress
+from cuco_kit.evaluate.device import detect_gpu
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
 
 __all__ = ["EvalRequest", "EvalResult", "Evaluator", "LEVELS", "Progress", "GpuEvaluator", "EvaluatorConfig",
            "detect_gpu"]
-
-
-_LAZY = {"GpuEvaluator": "cuco_kit.evaluate.gpu_evaluator", "EvaluatorConfig": "cuco_kit.evaluate.gpu_evaluator",
-         "detect_gpu": "cuco_kit.evaluate.device"}
-
-
-def __getattr__(name: str):  # the GPU evaluator is imported only when asked for
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'cuco_kit.evaluate' has no attribute {name!r}")

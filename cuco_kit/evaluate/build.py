@@ -191,7 +191,8 @@ def _nvcc_version(nvcc: str) -> str:
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise CucoError(f"cannot run {nvcc} --version ({e}); install the CUDA toolkit or set BuildConfig.nvcc")
+        raise CucoError(f"cannot run {nvcc} --version ({e}); install the CUDA toolkit or set BuildConfig.nvcc") \
+            from None
     return out.stdout.strip().splitlines()[-1] if out.stdout.strip() else f"rc={out.returncode}"
 
 

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
+from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Level, Progress, Verdict
 from cuco_kit.evaluate.build import BuildConfig, build, build_helpers, for_workload, nccl_header_version
 from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
 from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats
-from cuco_kit.workload import load_workload
+from cuco_kit.workload import Workload, load_workload
 
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
 
@@ -79,8 +79,8 @@ def _emit(progress: Progress | None, **event: Any) -> None:
     if progress is not None:
         try:
             progress(event)
-        except Exception:
-            pass  # a broken progress callback must not break an evaluation
+        except Exception:  # noqa: BLE001 - a broken progress callback must not break an evaluation
+            pass
 
 
 def _site_prefixes() -> list[tuple[str, str]]:
@@ -206,7 +206,7 @@ class GpuEvaluator:
         logs["build"] = _tail(b.log)
         prov["build_seconds"] = round(b.seconds, 3)
         prov["build_cached"] = b.cached
-        if not b.ok:
+        if not b.ok or b.so_path is None:
             return EvalResult("L1", "fail", "L1: build failed (see logs['build'])", logs=logs, provenance=prov)
         _emit(progress, level="L1", rank=None, step="build", done=1, total=1)
         gpus = self._detect()
@@ -227,7 +227,7 @@ class GpuEvaluator:
                 return EvalResult("L1", "error", f"the workload's {req.backend} seed does not build: the "
                                   "comparison is impossible", logs=logs, provenance=prov)
             seed_so = sb.so_path
-        return self._run_gpu(req, wl, params, Path(b.so_path), seed_so, prov, logs, notes, progress)
+        return self._run_gpu(req, wl, params, b.so_path, seed_so, prov, logs, notes, progress)
 
     def _detect(self) -> list[dict[str, str]]:
         if self._gpus is None:
@@ -264,7 +264,7 @@ class GpuEvaluator:
         return GroupSpec(world=req.world_size, config=config, scratch=scratch, extra_env=extra,
                          per_rank_env=per_rank, pythonpath=str(REPO_ROOT))
 
-    def _run_gpu(self, req: EvalRequest, wl: Any, params: dict[str, int], so: Path, seed_so: Path | None,
+    def _run_gpu(self, req: EvalRequest, wl: Workload, params: dict[str, int], so: Path, seed_so: Path | None,
                  prov: dict[str, Any], logs: dict[str, str], notes: list[str], progress: Progress | None) -> EvalResult:
         key = json.dumps([str(Path(req.workload_dir).resolve()), sorted(params.items()), req.world_size,
                           req.backend])
@@ -328,8 +328,7 @@ class GpuEvaluator:
         try:
             replies = group.request(cmd, timeout_s=timeout, progress=progress)
         except WorkerError as exc:
-            level = "L2"
-            return EvalResult(level, "fail", f"timeout: {exc}" if exc.kind == "hang" else f"rank died: {exc}",
+            return EvalResult("L2", "fail", f"timeout: {exc}" if exc.kind == "hang" else f"rank died: {exc}",
                               logs={k: _tail(v) for k, v in exc.logs.items()}, provenance={"_flags": "fatal"})
         logs = {k: _tail(v) for k, v in group.tails().items()}
         return merge_replies(replies, logs)
@@ -358,16 +357,16 @@ def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) ->
     if failed or any(r is None for r in replies):
         own = [r for r in failed if r.get("reason") and "peer" not in r["reason"]]
         pick = (own or failed or [{}])[0]
-        verdict = "error" if pick.get("verdict") == "error" else "fail"
+        verdict: Verdict = "error" if pick.get("verdict") == "error" else "fail"
         reason = pick.get("reason") or "a rank stopped replying after a peer's fatal fault"
-        level = pick.get("level", "L2")
+        level: Level = pick.get("level", "L2")
         notes = [n for r in replies if r for n in r.get("notes", [])]
-        errs = [r.get("max_rel_err") for r in replies if r and r.get("max_rel_err") is not None]
+        errs: list[float] = [r["max_rel_err"] for r in replies if r and r.get("max_rel_err") is not None]
         return EvalResult(level, verdict, reason, max_rel_err=max(errs) if errs else None, logs=logs,
                           provenance={"notes": sorted(set(notes)), "_flags": flags})
     per_rank = [r["times_ms"] for r in replies if r is not None]
     stats = iteration_stats(per_rank)
-    errs = [r.get("max_rel_err") for r in replies if r and r.get("max_rel_err") is not None]
+    errs = [r["max_rel_err"] for r in replies if r and r.get("max_rel_err") is not None]
     notes = sorted({n for r in replies if r for n in r.get("notes", [])})
     rows = [row for r in replies if r for row in (r.get("timeline") or [])]
     return EvalResult("L3", "pass", "", median_ms=stats["median_ms"], spread_ms=stats["spread_ms"],

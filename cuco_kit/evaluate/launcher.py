@@ -87,7 +87,7 @@ def host_store(port: int | None = None, timeout_s: float = 300.0) -> tuple[Any, 
             store = TCPStore("127.0.0.1", p, is_master=True, wait_for_workers=False,
                              timeout=timedelta(seconds=timeout_s))
             return store, p
-        except Exception as exc:  # port taken between free_port and bind: try another
+        except RuntimeError as exc:  # DistNetworkError: port taken between free_port and bind, try another
             last = exc
             if port:
                 break

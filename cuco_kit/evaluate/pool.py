@@ -134,9 +134,11 @@ class WorkerGroup:
         return self.group.tails(limit) if self.group else dict(self._last_logs)
 
     # -------------------------------------------------------------------------------------------- commands
-    def request(self, cmd: dict[str, Any], *, timeout_s: float, progress: ProgressFn | None = None) -> list[dict]:
-        """Send one command to every rank and return their replies (index = rank). Raises WorkerError (and
-        marks the group broken) when a rank dies or hangs; a reply with "fatal" marks it broken too."""
+    def request(self, cmd: dict[str, Any], *, timeout_s: float,
+                progress: ProgressFn | None = None) -> list[dict[str, Any] | None]:
+        """Send one command to every rank and return their replies (index = rank; None: a rank that did not
+        reply). Raises WorkerError (and marks the group broken) when a rank dies or hangs; a missing reply or
+        one with "fatal" marks it broken too."""
         if self.group is None or self.store is None:
             raise WorkerError("died", "worker group is not running")
         n = self.commands
@@ -152,7 +154,7 @@ class WorkerGroup:
             self.broken = True
             self._last_logs = self.group.tails() if self.group else {}
             self.kill()
-        elif any(r.get("recycle") for r in replies):
+        elif any(r is not None and r.get("recycle") for r in replies):
             self.broken = True
         return replies
 
@@ -229,7 +231,7 @@ class WorkerGroup:
             try:
                 if self.store.check([k]):
                     notes.append(f"rank {r}: {json.loads(self.store.get(k))['reason']}")
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: a note must not mask the failure being reported
                 pass
         return ("; noted before: " + "; ".join(notes)) if notes else ""
 

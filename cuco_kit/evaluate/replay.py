@@ -17,7 +17,7 @@ from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Progress
-from cuco_kit.store import Store
+from cuco_kit.store import EvaluationRow, Store
 from cuco_kit.workload import load_workload
 
 MISS_REASON = "not in the replay database"
@@ -43,7 +43,7 @@ class ReplayEvaluator:
         self.hits = 0
         self.misses = 0
         # (code hash, world, backend) -> [(stored request params, evaluation row)], newest last
-        self._index: dict[tuple[str, int, str], list[tuple[dict, dict]]] = {}
+        self._index: dict[tuple[str, int, str], list[tuple[dict, EvaluationRow]]] = {}
         for run in self._store.runs():
             programs = {p["id"]: p for p in self._store.programs(run["id"])}
             for ev in self._store.evaluations(run_id=run["id"]):
@@ -64,14 +64,14 @@ class ReplayEvaluator:
         if workload_dir not in self._workload_params:
             try:
                 self._workload_params[workload_dir] = dict(load_workload(workload_dir).params)
-            except Exception:  # noqa: BLE001 -- a replay on a machine without the workload still matches raw
+            except Exception:  # noqa: BLE001 - a replay on a machine without the workload still matches raw
                 self._workload_params[workload_dir] = None
         defaults = self._workload_params[workload_dir]
         out = dict(defaults or {})
         out.update({k: int(v) for k, v in params.items()})
         return out
 
-    def lookup(self, request: EvalRequest) -> dict | None:
+    def lookup(self, request: EvalRequest) -> EvaluationRow | None:
         """The stored evaluation row that answers ``request`` (the newest match), or None."""
         key = (_code_hash(request.candidate_code), int(request.world_size), request.backend)
         want = self._resolve(request.workload_dir, request.params)
@@ -90,7 +90,7 @@ class ReplayEvaluator:
         if ev is None:
             return EvalResult("L0", "unavailable", reason=MISS_REASON, badge="replayed",
                               provenance={"replayed_from": self.db_path})
-        d: dict[str, Any] = dict(ev["result"])
+        d: dict[str, Any] = dict(ev["result"] or {})  # every indexed row has a result
         prov = dict(d.get("provenance") or {})
         prov.update(replayed_from=self.db_path, replayed_evaluation_id=ev["id"],
                     measured_badge=ev["badge"], measured_at=ev.get("finished_at"))

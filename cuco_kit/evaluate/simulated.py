@@ -18,6 +18,7 @@ import threading
 import time
 
 from cuco_kit import markers
+from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 
 
@@ -140,8 +141,6 @@ class SimulatedEvaluator:
 
 
 def _knobs(code: str) -> tuple[dict[str, str], str | None]:
-    from cuco_kit.errors import BadInput
-
     try:
         return {k.name: k.value for k in markers.knobs(code)}, None
     except BadInput as exc:
@@ -152,7 +151,7 @@ def _outside_knobs(code: str) -> str:
     """The code with the knob block's lines removed (so a knob move does not also move the code hash term)."""
     try:
         kb = next((b for b in markers.blocks(code) if b.name == markers.KNOB_BLOCK), None)
-    except Exception:  # noqa: BLE001 -- malformed markers were L0's business
+    except Exception:  # noqa: BLE001 - malformed markers were L0's business
         return code
     return code if kb is None else code[:kb.start_offset] + code[kb.end_offset:]
 

@@ -26,9 +26,10 @@ from typing import Any
 
 from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
-from cuco_kit.evaluate.build import build, for_workload, supported_backends
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Level, Verdict
+from cuco_kit.evaluate.build import BuildConfig, build, for_workload, supported_backends
 from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.events import EventSink
 from cuco_kit.fastpath import steps
 from cuco_kit.fastpath.sanitizer import SanitizerReport, has_illegal_access, sanitize
 from cuco_kit.fastpath.steps import L0Check
@@ -36,6 +37,7 @@ from cuco_kit.llm import Ledger, LedgeredClient, LLMClient, LLMError, LLMTruncat
 from cuco_kit.patch import extract_code_block, unified_diff
 from cuco_kit.prompts import load, render
 from cuco_kit.prompts.nccl_api import device_api_excerpts
+from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 
 BACKENDS = ("lsa", "gin")
@@ -53,6 +55,9 @@ GIN_UNAVAILABLE = "GIN: built for nccl; unavailable to run here (needs RDMA NICs
 #   error         the LLM answer was unusable (truncated, no code block) or the LLM failed
 #   rejected      a person rejected it before evaluation
 GOOD_VERDICTS = ("pass", "pass_l1", "compile_only")
+# An attempt's verdict as the store's evaluation verdict (what is not a cascade verdict is "error").
+_STORED_VERDICTS: dict[str, Verdict] = {"pass": "pass", "fail": "fail", "error": "error", "pass_l1": "unavailable",
+                                        "compile_only": "unavailable"}
 
 
 # ------------------------------------------------------------------------------------------------- records
@@ -73,7 +78,7 @@ class FastPathConfig:
     params: dict[str, int] = field(default_factory=dict)  # explicit overrides (win over the preset)
     l2_iters: int = 3
     l2_trials: int = 3
-    build_config: Any = None  # cuco_kit.evaluate.build.BuildConfig; None: its defaults
+    build_config: BuildConfig | None = None  # None: its defaults
     cache_dir: str | None = None  # build cache; None: the evaluator's default (~/.cache/cuco/builds)
     sanitize_timeout_s: float = 300.0
     log_tail_chars: int = 2500
@@ -166,10 +171,8 @@ class FastPathResult:
 class _Decision:
     kind: str  # approve | reject | edit
     note: str = ""
-    code: str | None = None
+    code: str = ""  # the edited code (edit only)
 
-
-# ---------------------------------------------------------------------------------------------- helpers
 
 # ------------------------------------------------------------------------------------------------ engine
 
@@ -177,8 +180,9 @@ class FastPath:
     """The fast path over one seed. See the module doc; `run()` does every stage."""
 
     def __init__(self, seed_code: str, workload_dir: str | Path | None, llm: LLMClient,
-                 evaluator: Evaluator | None = None, store: Any = None, config: FastPathConfig | None = None,
-                 events: Any = None, *, builder: Callable[..., Any] | None = None, seed_name: str = "seed.cu") -> None:
+                 evaluator: Evaluator | None = None, store: Store | None = None,
+                 config: FastPathConfig | None = None, events: EventSink | None = None, *,
+                 builder: Callable[..., Any] | None = None, seed_name: str = "seed.cu") -> None:
         if not isinstance(seed_code, str) or not seed_code.strip():
             raise BadInput("the fast path needs the seed's source text")
         self.seed_code = seed_code
@@ -207,7 +211,7 @@ class FastPath:
         self._gen: Generator[Attempt, _Decision, Any] | None = None
         self._gpu: bool | None = self.config.gpu
         self._program_ids: dict[str, int] = {}
-        if store is not None:
+        if store is not None and self.run_id is not None:  # a store always has the run (created above)
             self._program_ids["seed"] = store.add_program(run_id=self.run_id, code=seed_code, parent_id=None,
                                                           source="seed", name=seed_name)
 
@@ -626,7 +630,7 @@ class FastPath:
         return next((self._program_ids[k] for k in order if k in self._program_ids), None)
 
     def _store_proposal(self, attempt: Attempt) -> None:
-        if self.store is None:
+        if self.store is None or self.run_id is None:
             return
         attempt.proposal_id = self.store.add_proposal(
             run_id=self.run_id, parent_id=self._parent_program(attempt.stage), source="fastpath",
@@ -646,7 +650,7 @@ class FastPath:
                                 by=by, note=note)
 
     def _program(self, attempt: Attempt) -> int | None:
-        if self.store is None or attempt.code is None or attempt.verdict == "rejected":
+        if self.store is None or self.run_id is None or attempt.code is None or attempt.verdict == "rejected":
             return None
         if attempt.program_id is None:
             source = "human" if attempt.source == "human" else "fastpath"
@@ -660,7 +664,7 @@ class FastPath:
 
     def _store_evaluation(self, attempt: Attempt, req: EvalRequest, res: EvalResult) -> None:
         pid = self._program(attempt)
-        if pid is None:
+        if pid is None or self.store is None:
             return
         eid = self.store.start_evaluation(pid, world_size=req.world_size, backend=req.backend, badge=res.badge,
                                           request=json.loads(req.to_json()))
@@ -674,9 +678,8 @@ class FastPath:
         pid = self._program(attempt)
         if pid is None:
             return
-        verdict = {"pass": "pass", "fail": "fail", "error": "error", "pass_l1": "unavailable",
-                   "compile_only": "unavailable"}.get(attempt.verdict, "error")
-        level = attempt.level if attempt.level in ("L0", "L1", "L2", "L3") else "L0"
+        verdict = _STORED_VERDICTS.get(attempt.verdict, "error")
+        level: Level = attempt.level if attempt.level in LEVELS else "L0"
         logs = {"L0": "\n".join(attempt.l0.reasons)} if attempt.l0 is not None else {}
         if attempt.build_log:
             logs["build"] = steps.tail(attempt.build_log, 8000)

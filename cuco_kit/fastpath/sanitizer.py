@@ -78,7 +78,7 @@ def sanitize(evaluator: Evaluator, request: EvalRequest, so_path: str | Path | N
             out = hook(req, so_path=so_path, timeout_s=timeout_s)
         except TypeError:
             out = hook(req)
-    except Exception as exc:  # the hook failing is a finding to show, not a crash of the loop
+    except Exception as exc:  # noqa: BLE001 - the hook failing is a finding to show, not a crash of the loop
         return SanitizerReport(False, message=f"sanitizer unavailable: {type(exc).__name__}: {exc}")
     if isinstance(out, SanitizerReport):
         return out

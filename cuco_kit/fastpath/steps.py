@@ -9,7 +9,7 @@ from typing import Any
 
 from cuco_kit import cuda_parse as cp
 from cuco_kit import markers, static_check
-from cuco_kit.analysis import analyze
+from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput
 
 ABI_ENTRY_POINTS = ("cuco_setup", "cuco_step", "cuco_teardown")
@@ -46,7 +46,7 @@ def defined_functions(code: str) -> set[str]:
     return {cp.function_name(n) for n in cp.walk(cp.parse(code).root_node) if n.type == "function_definition"}
 
 
-def check_stage_output(code: str, stage: str, backend: str, seed_report: Any | None = None) -> L0Check:
+def check_stage_output(code: str, stage: str, backend: str, seed_report: AnalysisReport | None = None) -> L0Check:
     """L0 for a Stage A / Stage B output (see L0Check)."""
     problem = static_check.source_problem(code)
     if problem is not None:
@@ -185,16 +185,16 @@ def fallback_annotate(code: str) -> tuple[str, list[str]]:
                          "was wrapped")
     regions.sort()
     kept: list[tuple[int, int, str]] = []
-    for r in regions:  # blocks do not nest: drop a region overlapping an earlier one
-        if kept and r[0] <= kept[-1][1]:
-            notes.append(f"region {r[2]} overlaps {kept[-1][2]}; not wrapped")
+    for region in regions:  # blocks do not nest: drop a region overlapping an earlier one
+        if kept and region[0] <= kept[-1][1]:
+            notes.append(f"region {region[2]} overlaps {kept[-1][2]}; not wrapped")
             continue
-        kept.append(r)
+        kept.append(region)
     starts = {s: n for s, _, n in kept}
     ends = {e for _, e, _ in kept}
     out: list[str] = []
     for i, line in enumerate(lines):
-        indent = re.match(r"[ \t]*", line).group(0) if i in starts else ""
+        indent = _leading_blanks(line) if i in starts else ""
         if i in starts:
             out.append(f"{indent}// {markers.START_MARKER} {starts[i]}")
         out.append(line)
@@ -206,8 +206,12 @@ def fallback_annotate(code: str) -> tuple[str, list[str]]:
 def _indent_of(lines: list[str], end_row: int, regions: list[tuple[int, int, str]]) -> str:
     for s, e, _ in regions:
         if e == end_row:
-            return re.match(r"[ \t]*", lines[s]).group(0)
+            return _leading_blanks(lines[s])
     return ""
+
+
+def _leading_blanks(line: str) -> str:
+    return line[:len(line) - len(line.lstrip(" \t"))]
 
 
 # ---- logs ------------------------------------------------------------------------------------------------

@@ -169,7 +169,7 @@ def call_with_retries(send: Callable[[], T], config: LLMConfig, *, what: str,
     for attempt in range(1, attempts + 1):
         try:
             return send(), attempt
-        except Exception as exc:  # classified below; non-API errors are re-raised by _classify
+        except Exception as exc:  # noqa: BLE001 - classified below; non-API errors are re-raised by _classify
             why, retry_after = _classify(exc)
             if attempt == attempts:
                 break

@@ -6,7 +6,7 @@ quote CUDA, whose braces would otherwise all need doubling. ``render`` fills the
 from __future__ import annotations
 
 import string
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 

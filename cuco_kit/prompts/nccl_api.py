@@ -77,7 +77,7 @@ def _last_name(text: str) -> str | None:
     return names[-1] if names else None
 
 
-def _declared(node) -> tuple[str, str] | None:  # noqa: ANN001 - tree-sitter Node
+def _declared(node: cp.Node) -> tuple[str, str] | None:
     """(name, kind) of a declaration node worth quoting, else None."""
     t = node.type
     if t in ("struct_specifier", "class_specifier", "enum_specifier"):
@@ -91,13 +91,13 @@ def _declared(node) -> tuple[str, str] | None:  # noqa: ANN001 - tree-sitter Nod
         for sub in cp.walk(node):
             if sub.type == "function_declarator":
                 decl = sub.child_by_field_name("declarator")
-                name = _last_name(cp.node_text(decl)) if decl is not None else None
-                return (name, "function") if name else None
+                ident = _last_name(cp.node_text(decl)) if decl is not None else None
+                return (ident, "function") if ident else None
         return None
     if t == "type_definition":
         decl = node.child_by_field_name("declarator")
-        name = _last_name(cp.node_text(decl)) if decl is not None else None
-        return (name, "typedef") if name else None
+        ident = _last_name(cp.node_text(decl)) if decl is not None else None
+        return (ident, "typedef") if ident else None
     if t == "alias_declaration":
         name = node.child_by_field_name("name")
         return (cp.node_text(name), "alias") if name is not None else None

@@ -25,7 +25,7 @@ def knob_values(code: str) -> dict[str, str]:
     """The knob block's values ({} when the program has none or its knob block is broken)."""
     try:
         return {k.name: k.value for k in markers.knobs(code)}
-    except Exception:  # noqa: BLE001 -- a broken knob block is L0's finding, not the archive's
+    except Exception:  # noqa: BLE001 - a broken knob block is L0's finding, not the archive's
         return {}
 
 
@@ -45,7 +45,7 @@ def _all_features(code: str) -> dict[str, Any]:
         from cuco_kit import analysis
 
         return dict(analysis.analyze(code).features())
-    except Exception as exc:  # noqa: BLE001 -- features refine the cell; their absence must not stop a search
+    except Exception as exc:  # noqa: BLE001 - features refine the cell; their absence must not stop a search
         log.debug("analyzer features unavailable: %s", exc)
         return {}
 
@@ -53,7 +53,8 @@ def _all_features(code: str) -> dict[str, Any]:
 def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | None = None) -> str:
     """``backend=<b>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer."""
     parts = [f"backend={backend}", markers.design_cell(knobs)] if knobs else [f"backend={backend}", "knobs=-"]
-    for k in sorted(features or {}):
+    features = features or {}
+    for k in sorted(features):
         v = features[k]
         parts.append(f"{k}={int(v) if isinstance(v, bool) else v}")
     return "|".join(parts)

@@ -8,10 +8,11 @@ resumed sessions (the engine stores what earlier sessions used).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from cuco_kit.errors import BadInput
+from cuco_kit.store import Store
 
 
 @dataclass
@@ -31,8 +32,8 @@ class BudgetConfig:
 
 
 class BudgetTracker:
-    def __init__(self, config: BudgetConfig, store: Any, run_id: int, *, wall_used_before: float = 0.0,
-                 clock: Any = time.monotonic) -> None:
+    def __init__(self, config: BudgetConfig, store: Store, run_id: int, *, wall_used_before: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.store = store
         self.run_id = run_id

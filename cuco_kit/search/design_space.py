@@ -22,11 +22,14 @@ import warnings
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuco_kit import markers, patch
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, unified_diff
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -47,7 +50,7 @@ class DesignSpaceSource:
     """Proposals that move knob values (``kinds = ("design_space",)``)."""
 
     name = "design_space"
-    kinds = ("design_space",)
+    kinds: tuple[str, ...] = ("design_space",)
 
     def __init__(self, config: DesignSpaceConfig | None = None,
                  is_valid: Callable[[dict[str, str]], bool] | None = None) -> None:
@@ -66,8 +69,8 @@ class DesignSpaceSource:
             want = "gp" if ctx.parallel <= 1 and small else "tpe"
         if want == "gp":
             try:
-                import scipy  # noqa: F401 -- GPSampler needs it at ask time, not at construction
-                import torch  # noqa: F401
+                import scipy  # noqa: F401 - probe: GPSampler needs it at ask time, not at construction
+                import torch  # noqa: F401 - probe, as scipy
 
                 self.last_sampler = "GPSampler"
                 return optuna.samplers.GPSampler(seed=seed, n_startup_trials=self.config.n_startup_trials,
@@ -93,12 +96,14 @@ class DesignSpaceSource:
         parent = ctx.parent
         try:
             knobs = markers.knobs(parent.code)
-        except Exception as exc:  # noqa: BLE001 -- a parent without a usable knob block has no design space
+        except Exception as exc:  # noqa: BLE001 - a parent without a usable knob block has no design space
             log.info("design space: program %s has no usable knob block (%s)", parent.id, exc)
             return []
         if not knobs:
             return []
-        dists = {k.name: optuna.distributions.CategoricalDistribution(list(k.allowed)) for k in knobs}
+        dists: dict[str, BaseDistribution] = {
+            k.name: optuna.distributions.CategoricalDistribution(list(k.allowed)) for k in knobs}
+        allowed = {k.name: k.allowed for k in knobs}
         parent_values = {k.name: k.value for k in knobs}
         known_bad: set[tuple] = set()
 
@@ -125,7 +130,7 @@ class DesignSpaceSource:
         self._tell(study, t, parent, known_bad, key(parent_values))
         for child in lineage:
             values = {k: v for k, v in child.knobs.items() if k in dists}
-            if set(values) != set(dists) or any(values[n] not in dists[n].choices for n in dists):
+            if set(values) != set(dists) or any(values[n] not in allowed[n] for n in dists):
                 continue  # a child whose knob set changed cannot be a point of this space
             if key(values) in seen:
                 continue
@@ -210,7 +215,7 @@ class RandomKnobSource:
     without one falls back to a root that has one."""
 
     name = "random"
-    kinds = ("design_space",)
+    kinds: tuple[str, ...] = ("design_space",)
 
     def __init__(self, max_draws_per_proposal: int = 200) -> None:
         self.max_draws_per_proposal = max_draws_per_proposal
@@ -220,7 +225,7 @@ class RandomKnobSource:
         for cand in [ctx.parent, *ctx.population.roots()]:
             try:
                 knobs = markers.knobs(cand.code)
-            except Exception:  # noqa: BLE001 -- no usable knob block: try the next candidate
+            except Exception:  # noqa: BLE001 - no usable knob block: try the next candidate
                 knobs = []
             if knobs:
                 base = cand

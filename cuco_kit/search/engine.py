@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator
 from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
@@ -117,7 +117,7 @@ class SearchEngine:
             self.sources.append(self.human)
         self.gate = ApprovalGate(self.config.gate)
         self.executor: Executor = executor or PoolExecutor(evaluator, self.config.slots)
-        self.badge: str = getattr(evaluator, "badge", "real")
+        self.badge: Badge = getattr(evaluator, "badge", "real")
         self._requested_run_id = run_id
         self._resume = resume
         self.novelty = NoveltyFilter(self.config.novelty, embed)
@@ -178,7 +178,7 @@ class SearchEngine:
         def target() -> None:
             try:
                 self.run()
-            except BaseException as exc:  # noqa: BLE001 -- kept for the notebook; the run is marked stopped
+            except BaseException as exc:  # noqa: BLE001 - kept for the notebook; the run is marked stopped
                 log.error("search stopped by an error: %s", exc)
 
         self._thread = threading.Thread(target=target, name="cuco-search", daemon=True)
@@ -406,7 +406,7 @@ class SearchEngine:
         if self.run_id is not None:
             try:
                 self._save_state()
-            except Exception as exc:  # noqa: BLE001 -- the state row is best effort at the very end
+            except Exception as exc:  # noqa: BLE001 - the state row is best effort at the very end
                 log.error("could not save the run state: %s", exc)
             self._set_state(state, reason)
             self._log(f"search {state}: {reason}")
@@ -633,7 +633,7 @@ class SearchEngine:
     def _commit(self, p: ProgramView, eid: int, fut: cf.Future) -> None:
         try:
             result: EvalResult = fut.result()
-        except Exception as exc:  # noqa: BLE001 -- an evaluator bug is recorded as an error result
+        except Exception as exc:  # noqa: BLE001 - an evaluator bug is recorded as an error result
             result = error_result(self._request(p), exc, self.badge)
         d = result.to_dict()
         self.store.finish_evaluation(eid, d)
@@ -669,8 +669,8 @@ class SearchEngine:
             moves = islands_mod.migrate(self.population, generation, cfg.islands)
             self._migrations.extend(moves)
             if moves:
-                self._log("migration after generation %d: %s" % (generation, ", ".join(
-                    f"program {m['program_id']} island {m['from']}->{m['to']}" for m in moves)))
+                self._log(f"migration after generation {generation}: " + ", ".join(
+                    f"program {m['program_id']} island {m['from']}->{m['to']}" for m in moves))
         best = self.population.best()
         switched = self.phase.end_generation(generation, best.fitness if best else None)
         if switched:

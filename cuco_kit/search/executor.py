@@ -13,7 +13,7 @@ import threading
 from typing import Protocol, runtime_checkable
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, Progress
+from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, Progress
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -29,9 +29,9 @@ class Executor(Protocol):
     def shutdown(self, wait: bool = True) -> None: ...
 
 
-def error_result(request: EvalRequest, exc: BaseException, badge: str = "real") -> EvalResult:
+def error_result(request: EvalRequest, exc: BaseException, badge: Badge = "real") -> EvalResult:
     """What a crashed evaluator call becomes: an error the search records and goes on from (never a number)."""
-    return EvalResult(level_reached="L0", verdict="error", badge=badge,  # type: ignore[arg-type]
+    return EvalResult(level_reached="L0", verdict="error", badge=badge,
                       reason=f"the evaluator raised {type(exc).__name__}: {exc}",
                       logs={"executor": f"{type(exc).__name__}: {exc}"})
 
@@ -66,8 +66,8 @@ class PoolExecutor:
 
         def build() -> None:
             try:
-                self.evaluator.prebuild(request)  # type: ignore[attr-defined]
-            except Exception as exc:  # noqa: BLE001 -- the evaluation will build again and report it properly
+                self.evaluator.prebuild(request)  # type: ignore[attr-defined]  # optional; __init__ checked it
+            except Exception as exc:  # noqa: BLE001 - the evaluation will build again and report it properly
                 log.debug("prebuild of %s failed: %s", request.label, exc)
 
         self._builder.submit(build)

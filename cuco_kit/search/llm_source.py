@@ -12,11 +12,16 @@ import collections
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cuco_kit import markers, patch
+from cuco_kit import markers, patch, prompts
+from cuco_kit.llm.client import LLMBudgetExceeded, LLMClient, LLMError
+from cuco_kit.llm.ledger import LedgeredClient
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import MUTATION_KINDS, Proposal, ProposalContext, unified_diff
+
+if TYPE_CHECKING:
+    from cuco_kit.search.engine import SearchEngine  # for the annotation only: sources sit below the engine
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -45,7 +50,7 @@ def evolve_blocks_text(code: str, max_chars: int) -> str:
     """The program's EVOLVE blocks with their names (what an inspiration needs to show), clipped."""
     try:
         parts = [f"// block {b.name}\n{b.text}" for b in markers.blocks(code)]
-    except Exception:  # noqa: BLE001 -- broken markers: show the head of the file instead
+    except Exception:  # noqa: BLE001 - broken markers: show the head of the file instead
         parts = [code]
     text = "\n".join(parts)
     return text if len(text) <= max_chars else text[:max_chars] + "\n// ... (clipped)"
@@ -56,17 +61,15 @@ class LLMSource:
     LedgeredClient, so every call counts against the run's dollar budget)."""
 
     name = "llm"
-    kinds = ("diff", "full", "crossover")
+    kinds: tuple[str, ...] = ("diff", "full", "crossover")
 
-    def __init__(self, client: Any, config: LLMSourceConfig | None = None) -> None:
+    def __init__(self, client: LLMClient, config: LLMSourceConfig | None = None) -> None:
         self.client = client
         self.config = config or LLMSourceConfig()
         self.errors: collections.deque[str] = collections.deque(maxlen=self.config.recent_errors)
 
-    def bind(self, engine: Any) -> None:
+    def bind(self, engine: SearchEngine) -> None:
         """Route calls through the engine's ledger (dollar budget, store rows) unless already ledgered."""
-        from cuco_kit.llm.ledger import LedgeredClient
-
         if not isinstance(self.client, LedgeredClient) and engine.ledger is not None:
             self.client = engine.ledger.wrap(self.client)
 
@@ -86,15 +89,13 @@ class LLMSource:
         return "\n".join(lines) or "none yet"
 
     def build_messages(self, ctx: ProposalContext, kind: str) -> list[dict]:
-        from cuco_kit import prompts
-
         parent = ctx.parent
         values: dict[str, Any] = dict(
             phase=ctx.phase.name, phase_hint=ctx.phase.hint, parent_id=parent.id, parent_result=parent.summary(),
             parent_code=parent.code, meta_summary=ctx.meta_summary or "nothing yet",
             failures=self._failures(ctx))
         if kind == "crossover":
-            second: ProgramView = ctx.second_parent  # type: ignore[assignment]
+            second: ProgramView = ctx.second_parent  # type: ignore[assignment]  # propose(): crossover has one
             values.update(second_parent_id=second.id, second_parent_result=second.summary(),
                           second_parent_code=second.code)
         else:
@@ -105,8 +106,6 @@ class LLMSource:
 
     # -- proposing ------------------------------------------------------------------------------------------
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
-        from cuco_kit.llm.client import LLMBudgetExceeded, LLMError
-
         kind = ctx.kind if ctx.kind in self.kinds else "diff"
         if kind == "crossover" and ctx.second_parent is None:
             kind = "diff"

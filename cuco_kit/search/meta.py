@@ -12,10 +12,9 @@ import logging
 import statistics
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from cuco_kit import prompts
-from cuco_kit.llm.client import LLMError
+from cuco_kit.llm.client import LLMClient, LLMError
 from cuco_kit.search.population import Population
 
 log = logging.getLogger("cuco_kit.search")
@@ -38,7 +37,8 @@ class KnobValueStats:
 
 def knob_statistics(population: Population, top_fraction: float = 0.25) -> list[KnobValueStats]:
     """Per (knob, value) statistics over evaluated programs (the reference seed excluded)."""
-    evaluated = [p for p in population.evolvable() if p.evaluated and p.result.get("verdict") != "unavailable"]
+    evaluated = [p for p in population.evolvable()
+                 if p.result is not None and p.result.get("verdict") != "unavailable"]
     scored = population.top(len(evaluated), evaluated)
     n_top = max(1, int(round(len(scored) * top_fraction))) if scored else 0
     top_ids = {p.id for p in scored[:n_top]}
@@ -90,8 +90,9 @@ def statistical_summary(population: Population, *, top_fraction: float = 0.25, m
         lines.append("Won: " + "; ".join(won) + ".")
     if lost:
         lines.append("Lost: " + "; ".join(lost) + ".")
-    fails = Counter((p.result.get("level_reached"), p.result.get("verdict")) for p in evaluated
-                    if p.result.get("verdict") not in ("pass", "unavailable"))
+    results = [p.result for p in evaluated if p.result is not None]  # evaluated: all of them
+    fails = Counter((r.get("level_reached"), r.get("verdict")) for r in results
+                    if r.get("verdict") not in ("pass", "unavailable"))
     if fails:
         lines.append("Failures: " + ", ".join(f"{n} {v} at {lvl}" for (lvl, v), n in sorted(fails.items())) + ".")
     if table:
@@ -108,7 +109,7 @@ class MetaConfig:
 
 
 class MetaSummarizer:
-    def __init__(self, config: MetaConfig, llm: Any | None = None, *, workload: str = "", backend: str = "",
+    def __init__(self, config: MetaConfig, llm: LLMClient | None = None, *, workload: str = "", backend: str = "",
                  world_size: int = 1) -> None:
         self.config = config
         self.llm = llm

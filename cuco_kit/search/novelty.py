@@ -14,10 +14,10 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from cuco_kit.llm.embeddings import embed as _embed
-from cuco_kit.search.population import Population
+from cuco_kit.llm.openai_client import LLMConfig
+from cuco_kit.search.population import Population, ProgramView
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -99,8 +99,8 @@ class NoveltyFilter:
             return NoveltyVerdict(True, 0.0, None, "empty")
         if cfg.use_embeddings and self.embed is not None:
             try:
-                return self._check_embeddings(code, peers)
-            except Exception as exc:  # noqa: BLE001 -- the endpoint is optional; n-grams always work
+                return self._check_embeddings(self.embed, code, peers)
+            except Exception as exc:  # noqa: BLE001 - the endpoint is optional; n-grams always work
                 log.warning("novelty: embeddings failed (%s); using token n-grams", exc)
         mine = ngrams(code, cfg.n)
         best_sim, best_id = -1.0, None
@@ -110,10 +110,11 @@ class NoveltyFilter:
                 best_sim, best_id = sim, p.id
         return NoveltyVerdict(best_sim < cfg.threshold, best_sim, best_id, "ngram")
 
-    def _check_embeddings(self, code: str, peers: list[Any]) -> NoveltyVerdict:
+    def _check_embeddings(self, embed: Callable[[list[str]], list[list[float]]], code: str,
+                          peers: list[ProgramView]) -> NoveltyVerdict:
         missing = [p for p in peers if p.id not in self._vectors]
         texts = [code] + [p.code for p in missing]
-        vecs = self.embed(texts)  # type: ignore[misc]
+        vecs = embed(texts)
         for p, v in zip(missing, vecs[1:]):
             self._vectors[p.id] = v
         mine = vecs[0]
@@ -125,7 +126,7 @@ class NoveltyFilter:
         return NoveltyVerdict(best_sim < self.config.embedding_threshold, best_sim, best_id, "embedding")
 
 
-def openai_embedder(config: Any | None = None) -> Callable[[list[str]], list[list[float]]]:
+def openai_embedder(config: LLMConfig | None = None) -> Callable[[list[str]], list[list[float]]]:
     """An ``embed`` function over the OpenAI-compatible endpoint of ``config`` (an LLMConfig)."""
 
     def embed(texts: list[str]) -> list[list[float]]:

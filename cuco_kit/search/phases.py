@@ -120,7 +120,7 @@ class PhaseController:
         the reason when the phase switched (the new phase applies from the next generation)."""
         s = self.state
         first = s.best is None
-        improved = best_fitness is not None and (first or best_fitness > s.best)
+        improved = best_fitness is not None and (s.best is None or best_fitness > s.best)
         if improved:
             s.best = best_fitness
             s.stagnant = 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuco_kit.search.proposal import FailureNote
-from cuco_kit.store import ProgramRow
+from cuco_kit.store import ProgramRow, Store
 
 ROOT_SOURCES = ("baseline",)  # generation-0 programs every island starts from
 
@@ -106,18 +106,19 @@ class Population:
         self.extra_members.setdefault(island, set()).add(program_id)
 
     @classmethod
-    def from_store(cls, store: Any, run_id: int, migrations: Iterable[dict] = ()) -> Population:
+    def from_store(cls, store: Store, run_id: int, migrations: Iterable[dict] = ()) -> Population:
         pop = cls()
         for row in store.programs(run_id):
             pop.add_row(row)
-        latest: dict[int, dict] = {}
+        latest: dict[int, tuple[dict[str, Any], int]] = {}  # program -> (its latest result, evaluation id)
         for ev in store.evaluations(run_id=run_id):
-            if ev["status"] == "done" and ev.get("result") is not None:
-                latest[ev["program_id"]] = ev
+            result = ev.get("result")
+            if ev["status"] == "done" and result is not None:
+                latest[ev["program_id"]] = (result, ev["id"])
         # Seeds first, so every other fitness is relative to the measured seed.
         for pid in sorted(latest, key=lambda i: (pop.programs[i].source != "seed", i)):
             if pid in pop.programs:
-                pop.set_result(pid, latest[pid]["result"], latest[pid]["id"])
+                pop.set_result(pid, *latest[pid])
         for m in migrations:
             pop.migrate(int(m["program_id"]), int(m["to"]))
         return pop

@@ -33,11 +33,15 @@ class SelectionConfig:
             raise BadInput(f"beam_width must be >= 1, got {self.beam_width}")
 
 
+def _fitness(p: ProgramView) -> float:
+    return float(p.fitness or 0.0)  # the probabilities are over scored programs: never None
+
+
 def weighted_probabilities(programs: Sequence[ProgramView], child_counts: dict[int, int],
                            sharpness: float = 10.0) -> list[float]:
     """p_i ~ sigmoid(sharpness * (F_i - median F) / scale) / (1 + children_i): fitter programs are favoured,
     programs that already have many children are damped so under-explored good ones get their turn."""
-    fits = [float(p.fitness) for p in programs]
+    fits = [_fitness(p) for p in programs]
     if not fits:
         return []
     med = statistics.median(fits)
@@ -51,7 +55,7 @@ def weighted_probabilities(programs: Sequence[ProgramView], child_counts: dict[i
 
 def power_law_probabilities(programs: Sequence[ProgramView], alpha: float = 1.0) -> list[float]:
     """p(rank r) ~ r ** -alpha, rank 1 the fittest (ties broken by id); probabilities in the input order."""
-    order = sorted(range(len(programs)), key=lambda i: (-programs[i].fitness, programs[i].id))
+    order = sorted(range(len(programs)), key=lambda i: (-_fitness(programs[i]), programs[i].id))
     weights = [0.0] * len(programs)
     for rank, i in enumerate(order, start=1):
         weights[i] = rank ** -alpha
@@ -60,7 +64,7 @@ def power_law_probabilities(programs: Sequence[ProgramView], alpha: float = 1.0)
 
 def beam_probabilities(programs: Sequence[ProgramView], width: int) -> list[float]:
     """Uniform over the best ``width`` programs, zero elsewhere."""
-    order = sorted(range(len(programs)), key=lambda i: (-programs[i].fitness, programs[i].id))[:width]
+    order = sorted(range(len(programs)), key=lambda i: (-_fitness(programs[i]), programs[i].id))[:width]
     weights = [1.0 if i in order else 0.0 for i in range(len(programs))]
     return _normalise(weights)
 

@@ -26,7 +26,8 @@ enum class Issuer { kAllThreads, kOneWarp };
 
 // EVOLVE-BLOCK-START knobs
 constexpr int kChunks = 2;                                 // knob: {1, 2, 4, 8}
-constexpr Placement kPlacement = Placement::kSequential;   // knob: {Placement::kSequential, Placement::kTwoStream, Placement::kSplitPutWait, Placement::kFused}
+constexpr Placement kPlacement = Placement::kSequential;   // knob: {Placement::kSequential, Placement::kTwoStream, \
+Placement::kSplitPutWait, Placement::kFused}
 constexpr int kThreads = 256;                              // knob: {128, 256, 512}
 constexpr Issuer kIssuer = Issuer::kAllThreads;            // knob: {Issuer::kAllThreads, Issuer::kOneWarp}
 // EVOLVE-BLOCK-END

@@ -21,8 +21,8 @@ ENGINE = ROOT / "cuco_kit"
 WIDGETS = ROOT / "widgets"
 # Third-party packages imported inside the functions that need them: slow to import, or absent from the GPU
 # machine's image. The same list as ruff's banned-module-level-imports in pyproject.toml.
-HEAVY = frozenset({"torch", "tree_sitter", "tree_sitter_cuda", "optuna", "pandas", "plotly", "openai", "IPython",
-                   "ipywidgets", "cupy", "nbformat", "nbclient", "playwright"})
+HEAVY = frozenset({"torch", "tree_sitter", "tree_sitter_cuda", "optuna", "scipy", "pandas", "plotly", "openai",
+                   "IPython", "ipywidgets", "cupy", "nbformat", "nbclient", "playwright"})
 # Top-level modules the GPU machine image provides besides the standard library.
 GPU_IMAGE = frozenset({"numpy", "torch", "cupy", "cuco_kit"})
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
@@ -206,6 +206,25 @@ def test_imports_inside_functions_are_only_for_heavy_packages():
             offenders.append(f"{path.relative_to(ROOT)}:{line} imports {name} inside a function (move it to the "
                              "top of the module)")
     assert not offenders, f"{len(offenders)} light imports inside functions:\n" + "\n".join(offenders)
+
+
+def test_ruff_exempts_the_same_lazy_imports_as_this_file():
+    """ruff's PLC0415 allows inside a function exactly what banned-module-level-imports lists. Its third-party
+    names must be HEAVY, and its kit modules the heavy kit modules that some kit module imports inside a function:
+    a light one listed would let ruff pass a lazy import that the test above rejects, a missing one would make
+    ruff reject a lazy import that the GPU-side rule requires. Heavy kit modules that nothing imports lazily stay
+    off the list: TID253 would only flag their legitimate top-level importers (per-file-ignores list those)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    ruff = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    banned = set(ruff["flake8-tidy-imports"]["banned-module-level-imports"])
+    assert "TID253" in ruff["select"], "PLC0415 exempts banned-module-level-imports only while TID253 is selected"
+    listed = {name for name in banned if name.split(".")[0] == "cuco_kit"}
+    assert banned - listed == HEAVY
+    mods = kit_modules()
+    heavy = heavy_modules(mods)
+    lazy = {name for mod, path in mods.items() for name, _ in function_imports(path, mod) if name in heavy}
+    assert listed == lazy, (f"pyproject.toml banned-module-level-imports: add {sorted(lazy - listed)}, "
+                            f"remove {sorted(listed - lazy)}")
 
 
 def test_the_import_scanner_sees_module_level_and_lazy_imports(tmp_path):

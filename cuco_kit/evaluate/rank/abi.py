@@ -106,6 +106,6 @@ def layout() -> dict[str, int]:
     for tag, struct in (("tensor", CucoTensor), ("flags", CucoFlags), ("scratch_req", CucoScratchRequest),
                         ("ctx", CucoCtx)):
         out[f"sizeof.{tag}"] = ctypes.sizeof(struct)
-        for name, _ in struct._fields_:
+        for name, *_ in struct._fields_:
             out[f"{tag}.{name}"] = getattr(struct, name).offset
     return out

@@ -33,7 +33,7 @@ def round_up(n: int, to: int = WINDOW_ALIGN) -> int:
 def nccl_library_path() -> Path:
     """The wheel's libnccl.so.2 (the same file torch loads by soname)."""
     try:
-        import nvidia.nccl as pkg  # the nvidia-nccl-cu13 wheel
+        import nvidia.nccl as pkg  # noqa: PLC0415 - optional wheel (nvidia-nccl-cu13): its absence is the error below
 
         for base in list(getattr(pkg, "__path__", [])):
             p = Path(base) / "lib" / "libnccl.so.2"
@@ -65,7 +65,7 @@ def nccl_config(version_code: int, blocking: bool = False) -> NcclConfig:
     c.size = ctypes.sizeof(NcclConfig)
     c.magic = 0xCAFEBEEF
     c.version = version_code
-    for name, typ in NcclConfig._fields_[3:]:
+    for name, typ, *_ in NcclConfig._fields_[3:]:
         if typ is ctypes.c_int:
             setattr(c, name, NCCL_CONFIG_UNDEF_INT)
     c.blocking = 1 if blocking else 0
@@ -111,7 +111,7 @@ class NcclLib:
             last = self.lib.ncclGetLastError(comm)
             if last:
                 text += f" ({last.decode(errors='replace')})"
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: only decorates the error text
             pass
         return text
 
@@ -216,7 +216,7 @@ class NcclBackend(Backend):
             try:
                 self.nccl.check(self.nccl.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
                 chan.store.set("nccl/unique_id", bytes(uid))  # the 128 bytes of ncclUniqueId
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported to every rank, so all fail the phase together
                 ok, msg = False, str(exc)
         chan.exchange("nccl-unique-id", ok, msg)
         raw = chan.store.get("nccl/unique_id")
@@ -230,7 +230,7 @@ class NcclBackend(Backend):
             if rc not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
                 raise NcclError(f"ncclCommInitRankConfig failed: {self.nccl.describe(rc)}")
             self._wait("ncclCommInitRankConfig")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, so all fail the phase together
             ok, msg = False, str(exc)
         self._phase("nccl-init", ok, msg)
         self.comm_ptr = int(self.comm.value or 0)
@@ -270,22 +270,25 @@ class NcclBackend(Backend):
             if rc not in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
                 raise NcclError(f"ncclCommWindowRegister({name}) failed: {self.nccl.describe(rc)}")
             self._wait(f"ncclCommWindowRegister({name})")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, so all fail the phase together
             ok, msg = False, str(exc)
         self._phase(f"window:{name}", ok, msg)
+        local, handle = ptr.value, win.value
+        if local is None or handle is None:  # the phase above raised unless NCCL reported success
+            raise NcclError(f"window {name}: NCCL reported success but returned a null pointer")
         table = torch.zeros(self.world, dtype=torch.int64, device=f"cuda:{self.device}")
         rc = self.helpers.cuco_h_fill_peer_table(win, ctypes.c_void_p(table.data_ptr()), self.world,
                                                  ctypes.c_void_p(self.stream.cuda_stream))
         ok, msg = rc == 0, "" if rc == 0 else f"peer table of {name}: {self.helpers.error_name(rc)}"
         peers = table.cpu().tolist() if ok else []
-        if ok and peers[self.rank] != ptr.value:
+        if ok and peers[self.rank] != local:
             # NCCL's LSA view of our own window is a second mapping of the same memory; the ABI promises
             # peers[rank] == local, so the table carries the allocation's own address for this rank.
-            peers[self.rank] = int(ptr.value)
-            table[self.rank] = int(ptr.value)
+            peers[self.rank] = local
+            table[self.rank] = local
         self._phase(f"peers:{name}", ok, msg)
-        tensor = wrap_device_pointer(int(ptr.value), size, self.device)
-        w = Window(name, int(nbytes), size, int(ptr.value), peers, table, tensor, int(win.value))
+        tensor = wrap_device_pointer(local, size, self.device)
+        w = Window(name, int(nbytes), size, local, peers, table, tensor, handle)
         self.windows.append(w)
         return w
 
@@ -298,7 +301,7 @@ class NcclBackend(Backend):
                 raise NcclError(f"ncclCommWindowDeregister({w.name}): {self.nccl.describe(rc)}")
             self._wait(f"ncclCommWindowDeregister({w.name})")
             self.nccl.check(self.nccl.lib.ncclMemFree(ctypes.c_void_p(w.local)), f"ncclMemFree({w.name})")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, so all fail the phase together
             ok, msg = False, str(exc)
         if w in self.windows:
             self.windows.remove(w)
@@ -314,7 +317,7 @@ class NcclBackend(Backend):
             if rc in (NCCL_SUCCESS, NCCL_IN_PROGRESS):
                 self._wait("ncclCommFinalize")
             self.nccl.lib.ncclCommDestroy(self.comm)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure to finalize: abort instead
             self.nccl.lib.ncclCommAbort(self.comm)
         self.comm = ctypes.c_void_p(None)
 
@@ -334,7 +337,7 @@ class SymmBackend(Backend):
     name = "symm"
 
     def __init__(self, rank: int, world: int, device: int, chan: Any, group: Any) -> None:
-        import torch.distributed._symmetric_memory as symm_mem
+        import torch.distributed._symmetric_memory as symm_mem  # noqa: PLC0415 - only symm needs it (~40 ms a rank)
 
         self.rank, self.world, self.device, self.chan, self.group = rank, world, device, chan, group
         self.symm_mem = symm_mem
@@ -347,8 +350,8 @@ class SymmBackend(Backend):
             enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
             if enable is not None:
                 enable(group.group_name)
-        except Exception:
-            pass  # newer torch enables every group; older needs the call
+        except Exception:  # noqa: BLE001 - newer torch enables every group; older needs the call
+            pass
 
     def alloc_window(self, name: str, nbytes: int) -> Window:
         size = round_up(nbytes)
@@ -361,7 +364,7 @@ class SymmBackend(Backend):
             peers = [b + offset for b in bases]
             if len(peers) != self.world:
                 raise RuntimeError(f"rendezvous returned {len(peers)} peers for world {self.world}")
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported to every rank, so all fail the phase together
             ok, msg = False, f"symmetric window {name}: {type(exc).__name__}: {exc}"
         self.chan.exchange(f"window:{name}", ok, msg)
         assert t is not None
@@ -386,5 +389,5 @@ class SymmBackend(Backend):
     def _symm_backend(self) -> str | None:
         try:
             return self.symm_mem.get_backend(torch.device(f"cuda:{self.device}"))
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: info for provenance only
             return None

@@ -30,9 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed import PrefixStore
+from torch.profiler import ProfilerActivity, profile
 
 from cuco_kit.evaluate.rank import abi
-from cuco_kit.evaluate.rank.backends import NcclBackend, SymmBackend
+from cuco_kit.evaluate.rank.backends import Backend, NcclBackend, SymmBackend
 from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, verified_iterations
 from cuco_kit.workload import DTYPES, load_workload
 
@@ -128,6 +129,7 @@ class RankHarness:
         self.dist = dist
         self.stream = torch.cuda.Stream(device=self.dev)
         self.helpers = Helpers(config["helpers_so"])
+        self.backend: Backend
         if self.backend_name == "nccl":
             self.backend = NcclBackend(rank, world, self.device, chan, self.helpers, self.stream,
                                        init_timeout_s=float(config.get("init_timeout_s", 120)),
@@ -225,7 +227,7 @@ class _Evaluation:
                 reply["timeline"] = self._profiled_iteration()
         except CandidateFailure as f:
             reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
-        except Exception as exc:  # a harness-side error; CUDA errors poison the context
+        except Exception as exc:  # noqa: BLE001 - a harness-side error is the reply; CUDA errors poison the context
             fatal = _is_fatal_cuda(exc)
             reply.update(verdict="fail" if fatal else "error", level="L2",
                          reason=f"rank {h.rank}: {type(exc).__name__}: {str(exc)[:1500]}", fatal=True)
@@ -233,7 +235,7 @@ class _Evaluation:
             if setup_ok and not reply.get("fatal"):
                 try:
                     self._teardown(reply)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - a teardown error becomes a note of the reply
                     reply.update(fatal=True, notes_teardown=str(exc)[:500])
             self._unload()
         reply["max_rel_err"] = self.max_err if math.isfinite(self.max_err) else None
@@ -396,7 +398,7 @@ class _Evaluation:
         if self.lib is not None:
             try:
                 _ctypes.dlclose(self.lib._handle)
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: the copy is deleted next whatever dlclose says
                 pass
             self.lib = None
         if self.loaded_copy is not None:
@@ -636,8 +638,6 @@ class _Evaluation:
     def _profiled_iteration(self) -> list[dict[str, Any]]:
         """One more iteration under torch.profiler (CUDA activity): every kernel the step launched, from the
         candidate's library too, with its stream and ns timestamps. Never part of the timed numbers."""
-        from torch.profiler import ProfilerActivity, profile
-
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             self._step(trial=3000, what="profiled iteration", level="L3", verify=False)
         return kernel_rows(prof.events(), self.h.rank)
@@ -646,7 +646,7 @@ class _Evaluation:
 def kernel_rows(events: Any, rank: int) -> list[dict[str, Any]]:
     """torch.profiler events -> Gantt rows {rank, stream, name, start_us, dur_us} of the GPU kernels and copies.
     The harness's own barrier and L2-flush kernels are kept: they show where the timed region starts."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for e in events:
         kind = str(getattr(e, "device_type", "")).rsplit(".", 1)[-1]
         if kind != "CUDA":

@@ -69,7 +69,7 @@ class Channel:
             try:
                 self.store.wait([key], timedelta(seconds=idle_poll_s))
                 return json.loads(self.store.get(key))
-            except Exception as exc:  # a wait timeout, or the store is gone with its parent
+            except Exception as exc:  # noqa: BLE001 - a wait timeout, or the store is gone with its parent
                 if not self.parent_alive() or "onnect" in str(exc) or "reset" in str(exc).lower():
                     return None
 
@@ -82,7 +82,7 @@ class Channel:
         keys = [f"{prefix}/{r}" for r in range(self.world)]
         try:
             self.store.wait(keys, timedelta(seconds=timeout_s or self.timeout_s))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store failure means a rank did not report
             raise PhaseError(f"{phase}: not every rank reported within {timeout_s or self.timeout_s:.0f} s "
                              f"({exc})") from None
         statuses = [json.loads(self.store.get(k)) for k in keys]
@@ -132,7 +132,7 @@ def main() -> int:
     try:
         body = _factory(os.environ.get("CUCO_WORKER_BODY") or DEFAULT_BODY)(rank, world, config, chan)
         info = body.info()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any init failure is reported to the parent as not ready
         print(_short_tb(), file=sys.stderr, flush=True)
         chan.put(f"ready/{rank}", {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:2000]})
         return EXIT_INIT
@@ -147,12 +147,12 @@ def main() -> int:
             try:
                 body.close()
                 chan.put(f"resp/{n}/{rank}", {"ok": True})
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any close failure is the quit reply
                 chan.put(f"resp/{n}/{rank}", {"ok": False, "error": str(exc)})
             break
         try:
             reply = body.handle(cmd, n)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure is the reply: the worker must answer
             print(_short_tb(), file=sys.stderr, flush=True)
             reply = {"ok": False, "verdict": "error", "fatal": True,
                      "reason": f"rank {rank}: {type(exc).__name__}: {exc}"[:2000]}
@@ -164,7 +164,7 @@ def main() -> int:
         n += 1
     try:
         store.set(f"bye/{rank}", "1")
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort: the parent may be gone already
         pass
     return 0
 
