@@ -6,8 +6,9 @@ is zero: a copy either delivered every byte or it did not.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cuco_kit.workload import Params, TensorSpec, Tolerance, Workload
 

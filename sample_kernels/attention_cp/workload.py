@@ -22,8 +22,9 @@ NaN (the harness's poison) never passes.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.workload import Params, TensorSpec, Tolerance, Workload

@@ -13,13 +13,15 @@ Tolerance: inputs are exact bf16 values, so every product is exact in fp32 and t
 K <= 8192 terms (~sqrt(K) * 2**-24 relative) is negligible. What remains is rounding the fp32 result to the bf16
 output: unit roundoff 2**-8, i.e. a relative RMS error of about 2e-3 over the whole tensor (the test suite checks
 this figure). The bound 5e-3 leaves 2.5x headroom for cuBLAS's choice of split-K or tile order, and still fails a
-candidate that leaves one row of the smallest preset (1/1024 of Y) stale or wrong: that alone costs 3e-2 (zeros) to 4e-2 (stale data).
+candidate that leaves one row of the smallest preset (1/1024 of Y) stale or wrong: that alone costs 3e-2 (zeros)
+to 4e-2 (stale data).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.workload import Params, TensorSpec, Tolerance, Workload

@@ -36,8 +36,9 @@ small preset (one row of L*S = 2048 costs ~3e-2), and unwritten bytes are NaN po
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.workload import Params, TensorSpec, Tolerance, Workload

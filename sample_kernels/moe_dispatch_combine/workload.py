@@ -50,8 +50,9 @@ only ~1.5e-2: per-element checks would be tighter, but the harness compares norm
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.workload import Params, TensorSpec, Tolerance, Workload
