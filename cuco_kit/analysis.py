@@ -52,7 +52,7 @@ _SETUP = frozenset({
     "ncclCommInitAll", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort",
     "ncclCommRegister", "ncclCommDeregister", "ncclCommWindowRegister", "ncclCommWindowDeregister",
     "ncclDevCommCreate", "ncclDevCommDestroy", "ncclMemAlloc", "ncclMemFree", "cuco_devcomm_create",
-    "cuco_devcomm_destroy",
+    "cuco_devcomm_create_lsa_world", "cuco_devcomm_destroy",
 })
 
 # allocation call -> (pointer argument, bytes argument, stream argument, kind)
@@ -78,10 +78,23 @@ for _p in "SDHCZ":
     _BLAS[f"cublas{_p}gemm_v2"] = (0, (7, 9), (12,), None)
     _BLAS[f"cublas{_p}gemmBatched"] = (0, (7, 9), (12,), None)
     _BLAS[f"cublas{_p}gemmStridedBatched"] = (0, (7, 10), (14,), None)
+# GEMM launchers of the samples' host headers (*_host.cuh), which the analyzer cannot read, called as member
+# functions (L0 accepts those in EVOLVE blocks): method name -> as _BLAS. Their matrices are the object's members,
+# so only the handle and the rows passed in are arguments.
+_BLAS_MEMBERS: dict[str, tuple[int, tuple[int, ...], tuple[int, ...], int | None]] = {
+    "gemm_rows": (0, (1,), (), None),       # gemm_allgather: Operands::gemm_rows(handle, a, row0, rows)
+    "gemm_layer": (0, (), (), None),        # kv_transfer: Projection::gemm_layer(handle, l)
+    "expert_mlp": (0, (2,), (), None),      # moe_dispatch_combine: Layer::expert_mlp(handle, le, rows, n, ...)
+    "expert_own": (0, (), (), None),        # Layer::expert_own(handle, le, stream)
+    "expert_arrived": (0, (), (), None),    # Layer::expert_arrived(handle, le, stream)
+}
 
-_STREAM_CREATE = frozenset({"cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority"})
+# cuco_side_stream.h (cuco_side_stream_create(&side) makes the stream and its fork/join events).
+_STREAM_CREATE = frozenset({"cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority",
+                            "cuco_side_stream_create"})
 _EVENT_CALLS = frozenset({"cudaEventCreate", "cudaEventCreateWithFlags", "cudaEventRecord",
-                          "cudaEventRecordWithFlags", "cudaStreamWaitEvent"})
+                          "cudaEventRecordWithFlags", "cudaStreamWaitEvent", "cuco_side_stream_fork",
+                          "cuco_side_stream_join"})
 _SYNCS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"})
 # Host-side waits on a flag word in memory (a device-initiated producer signals, a stream waits).
 _STREAM_WAIT_VALUE = frozenset({"cuStreamWaitValue32", "cuStreamWaitValue64", "cudaStreamWaitValue32",
@@ -105,7 +118,8 @@ _DEVICE_API_NAMES = frozenset({
     "ncclGetLsaPointer", "ncclGetPeerPointer", "ncclGetLocalPointer", "ncclGetLsaMultimemPointer",
     "ncclGetMultimemPointer", "ncclDevComm", "ncclDevComm_t", "ncclDevCommCreate", "ncclTeamLsa", "ncclTeamWorld",
     "ncclTeamRail", "ncclCoopCta", "ncclCoopWarp", "ncclCoopThread", "ncclWindow_t",
-    "cuco_devcomm_create", "cuco_devcomm_destroy", "cuco_window", "cuco_flags_window", "cuco_signal", "cuco_wait",
+    "cuco_devcomm_create", "cuco_devcomm_create_lsa_world", "cuco_devcomm_destroy", "cuco_window",
+    "cuco_flags_window", "cuco_signal", "cuco_wait",
 })
 _DEVICE_API_HEADERS = ("lsa_compat.h", "cuco_lsa.h", "nccl_device.h")
 # Device-side waits on an epoch flag (cuco_devcomm.h) and spellings of hand-written ones.
@@ -437,6 +451,13 @@ def _callee_name(call: Node) -> str | None:
     if fn is None or fn.type != "identifier":
         return None
     return node_text(fn)
+
+
+def _method_name(call: Node) -> str | None:
+    """Name of the member function a call `obj.f(...)` / `p->f(...)` calls; None for other calls."""
+    fn = call.child_by_field_name("function")
+    field = fn.child_by_field_name("field") if fn is not None and fn.type == "field_expression" else None
+    return node_text(field) if field is not None else None
 
 
 def _kernel_syntax(call: Node) -> Node | None:
@@ -873,6 +894,9 @@ class _Analyzer:
             return
         name = _callee_name(call)
         if name is None:
+            method = _method_name(call)
+            if method in _BLAS_MEMBERS:
+                rep.blas.append(self.blas(call, method, _args(call), scope, blas_streams))
             return
         args = _args(call)
         if name in _COLLECTIVES or name in _P2P:
@@ -952,7 +976,7 @@ class _Analyzer:
                 args, 3, scope)
         elif name in ("ncclCommWindowDeregister", "ncclCommDeregister"):
             comm, handle = _opt(args, 0, scope), _opt(args, 1, scope)
-        elif name in ("ncclDevCommCreate", "cuco_devcomm_create"):
+        elif name in ("ncclDevCommCreate", "cuco_devcomm_create", "cuco_devcomm_create_lsa_world"):
             comm, handle = _opt(args, 0, scope), _out_arg(args, len(args) - 1, scope) if args else None
         elif name == "ncclMemAlloc":
             buffer, nbytes = _out_arg(args, 0, scope), _text(args, 1)
@@ -1027,7 +1051,7 @@ class _Analyzer:
              blas_streams: dict[str, str]) -> BlasCall:
         fname = scope.func.name if scope.func is not None else None
         stop = scope.func.node if scope.func is not None else None
-        h, r, w, st = _BLAS[name]
+        h, r, w, st = _BLAS[name] if name in _BLAS else _BLAS_MEMBERS[name]
         handle = _opt(args, h, scope)
         stream = _opt(args, st, scope) if st is not None else blas_streams.get(handle or "", None)
         return BlasCall(name, _line(call), fname, handle, stream,
