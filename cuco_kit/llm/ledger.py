@@ -10,12 +10,14 @@ tokens, from the messages' bytes, plus the completion's `max_tokens`, at the ask
 the call when the reservation does not fit next to what is spent and what calls in flight have reserved. When
 the call ends, its reservation is released and its real cost counted. So concurrent calls cannot together
 overshoot, and the total stays within the budget as long as the server bills no more than it was allowed
-(a server that reports more tokens than `max_tokens` is counted as it reported, with a warning). A call with
-no `max_tokens` is sent with the client's configured one, else `DEFAULT_MAX_TOKENS`: without a cap a call has
-no worst case.
+(a server that reports more tokens than `max_tokens` is counted as it reported, with a warning). A call to a
+priced model with no `max_tokens` (and none configured) is sent with `DEFAULT_MAX_TOKENS`: without a cap a call
+has no worst case.
 
 A model with no known price is never counted as free: its calls count TOKENS (prompt + completion) against
-`budget_tokens` (by default `DEFAULT_TOKEN_BUDGET` whenever a dollar budget is set), reserved the same way.
+`budget_tokens` (by default `DEFAULT_TOKEN_BUDGET` whenever a dollar budget is set), reserved the same way;
+such a call without a cap is sent as it is (a local server's context may be smaller than any cap we would pick)
+and reserved as if it had `DEFAULT_MAX_TOKENS`.
 
 With a store, the budget is per DATABASE: what every earlier run and command spent in that store counts, so a
 resumed run, a second `cuco fastpath` on the same database or another run in the same file does not get a
@@ -303,16 +305,18 @@ class LedgeredClient:
         rh = request_hash(messages, purpose)
         # The best guess of the model before an answer names it: the configured one.
         model = str(_config_value(self.inner, "model") or "unknown")
-        limit = int(max_tokens or _config_value(self.inner, "max_tokens") or DEFAULT_MAX_TOKENS)
+        cap = max_tokens or _config_value(self.inner, "max_tokens")
+        if cap is None and _prices.lookup(model, self.ledger.prices) is not None:
+            cap = DEFAULT_MAX_TOKENS  # a paid call needs a worst case; a local server keeps its own default
         try:
-            reservation = self.ledger.reserve(model, messages, limit, purpose)
+            reservation = self.ledger.reserve(model, messages, int(cap or DEFAULT_MAX_TOKENS), purpose)
         except LLMBudgetExceeded as exc:
             self.ledger.record(purpose=purpose, model=model, prompt_tokens=None, completion_tokens=None,
                                latency_s=0.0, dollars=0.0, ok=False, error=f"refused: {exc}", request_hash=rh)
             raise
         start = time.monotonic()
         try:
-            c = self.inner.complete(messages, purpose=purpose, temperature=temperature, max_tokens=limit)
+            c = self.inner.complete(messages, purpose=purpose, temperature=temperature, max_tokens=cap)
         except LLMTruncated as exc:
             # Paid for: tokens and dollars count.
             t = exc.completion

@@ -80,14 +80,18 @@ def test_a_call_whose_worst_case_does_not_fit_is_refused_before_sending(store: S
     assert not row["ok"] and row["error"].startswith("refused")
 
 
-def test_a_call_without_max_tokens_gets_a_cap_and_is_reserved_by_it(store: Store) -> None:
+def test_a_paid_call_without_max_tokens_gets_a_cap_and_is_reserved_by_it(store: Store) -> None:
     with FakeOpenAIServer([answer("a", "x y", times=0)]) as srv:
         ledger = Ledger(store, None, budget_dollars=5.0, prices={"fixture": (1.0, 1.0)})
         client_for(srv, ledger).complete(MSGS, purpose="judge")  # the fast path sends no max_tokens
-        (req,) = srv.chat_requests()
-    # a cap is sent (so the call has a worst case), and the real cost is what was counted
-    assert req.body["max_tokens"] > 0
+        unpriced = Ledger(store, None, budget_dollars=5.0)
+        client_for(srv, unpriced).complete(MSGS, purpose="judge")
+        paid, local = srv.chat_requests()
+    # a cap is sent to the priced model (so the call has a worst case), and the real cost is what was counted
+    assert paid.body["max_tokens"] > 0
     assert ledger.spent_dollars == pytest.approx((PROMPT_WORDS + 2) * 1e-6)
+    # a model of unknown price keeps its server's default (a local context may be short), its tokens count
+    assert "max_tokens" not in local.body and unpriced.spent_tokens == PROMPT_WORDS + 2
 
 
 def test_concurrent_calls_reserve_so_together_they_stay_within_budget(store: Store) -> None:
