@@ -11,8 +11,10 @@ import importlib
 import sys
 from collections.abc import Iterable, Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from cuco_kit.errors import CucoError
+from cuco_kit.terminal import one_line
 
 # Command name -> its module, in the order `cuco --help` lists them.
 COMMANDS: dict[str, str] = {
@@ -28,9 +30,16 @@ def _command(name: str) -> ModuleType:
     return importlib.import_module(COMMANDS[name])
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (what was wrong, where to look), exit code 2 as usual."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser(names: Iterable[str] = COMMANDS) -> argparse.ArgumentParser:
     """The parser with a subcommand for each of `names` (every command by default)."""
-    parser = argparse.ArgumentParser(prog="cuco", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="cuco", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in names:
         module = _command(name)
@@ -41,7 +50,7 @@ def build_parser(names: Iterable[str] = COMMANDS) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
-        print(f"cuco: unknown command {argv[0]!r}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        print(f"cuco: unknown command {one_line(repr(argv[0]))}; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     # A command line naming a command needs that command's parser only; `cuco` and `cuco --help` list them all.
     parser = build_parser([argv[0]] if argv and argv[0] in COMMANDS else COMMANDS)
@@ -52,7 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(_command(args.command).run(args) or 0)
     except CucoError as exc:
-        print(f"cuco {args.command}: {exc}", file=sys.stderr)
+        # One line, whatever the message quotes (a file name, a candidate's text, an LLM's answer).
+        print(f"cuco {args.command}: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"cuco {args.command}: interrupted", file=sys.stderr)

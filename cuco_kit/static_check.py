@@ -28,6 +28,7 @@ from cuco_kit.markers import (
     frozen_lines,
     scan_knobs,
 )
+from cuco_kit.source_file import read_source
 
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import)\b")
 
@@ -384,17 +385,7 @@ def check_candidate(code: str, parent_code: str | None = None, *, extra_allow: I
 def load_source(path: str | Path, what: str = "candidate") -> str:
     """Read a CUDA source file for the CLI; anything unusable raises BadInput with one line naming it."""
     p = Path(path)
-    if not p.exists():
-        raise BadInput(f"{what} {p}: no such file")
-    if not p.is_file():
-        raise BadInput(f"{what} {p}: not a regular file")
-    data = p.read_bytes()
-    if b"\x00" in data[:8192]:
-        raise BadInput(f"{what} {p}: is binary, not CUDA source")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise BadInput(f"{what} {p}: is not UTF-8 text, not CUDA source") from None
+    text = read_source(p, what)
     problem = source_problem(text)
     if problem is not None:
         raise BadInput(f"{what} {p}: {problem}")

@@ -19,8 +19,8 @@ Provenance (table ``evaluations``)
     ``provenance`` keeps the evaluator's dict as JSON, unchanged. Its well-known keys are copied into their own
     columns so they can be filtered and grouped in SQL: ``gpu`` (TEXT, e.g. "NVIDIA H200"), ``driver`` (TEXT),
     ``cuda`` (TEXT), ``nccl`` (TEXT), ``mps`` (INTEGER 0/1, NULL = unknown), ``git_rev`` (TEXT, from the
-    provenance key ``git``; ``git_rev`` / ``git_revision`` are accepted too) and ``badge`` (TEXT: real, replayed
-    or simulated; the result's badge wins over the one given at start). Per-rank timings are
+    provenance key ``git``; ``git_rev`` / ``git_revision`` are accepted too) and ``badge`` (TEXT: real, replayed,
+    simulated or unmeasured; the result's badge wins over the one given at start). Per-rank timings are
     ``per_rank_median_ms`` and ``iteration_ms`` (JSON lists); ``logs`` is a JSON dict of log tails; ``result``
     keeps the whole ``EvalResult.to_dict()`` so fields added later are not lost.
 
@@ -46,7 +46,7 @@ SCHEMA_VERSION = 1
 RUN_STATES = ("running", "paused", "stopped", "finished")
 PROGRAM_SOURCES = ("seed", "baseline", "llm_diff", "llm_full", "llm_crossover", "design_space", "human",
                    "fastpath")
-BADGES = ("real", "replayed", "simulated")
+BADGES = ("real", "replayed", "simulated", "unmeasured")
 PROPOSAL_STATUSES = ("pending", "approved", "rejected", "edited")
 DECISIONS = ("approved", "rejected", "edited")
 EVALUATION_STATUSES = ("in_flight", "done", "interrupted")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import re
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,13 @@ from cuco_kit.errors import BadInput
 
 Params = Mapping[str, int]
 Role = Literal["input", "output", "inout"]
+
+# The most ranks a world may have (CUCO_MAX_RANKS in cuco_abi.h).
+MAX_RANKS = 64
+# Parameters travel to the candidate as int64_t (cuco_ctx_t.params in cuco_abi.h).
+MAX_PARAM = 2**63 - 1
+# No GPU holds more than this per rank: a size whose tensors need more is a typo, refused before any work.
+MAX_BYTES_PER_RANK = 1 << 40
 
 # Sizes of the dtypes the ABI knows (cuco_dtype_t in cuco_abi.h, same order).
 DTYPES: dict[str, tuple[int, int]] = {  # name -> (cuco_dtype_t, bytes per element)
@@ -101,6 +110,32 @@ class Workload:
             out[k] = int(v)
         return out
 
+    def check(self, overrides: Mapping[str, int] | None, world: int) -> dict[str, int]:
+        """The resolved parameters, after checking that they make sense on `world` ranks: the world size is in
+        range, every tensor's shape can be computed (a workload's own validation raises BadInput), no dimension
+        is zero or negative and the tensors fit a GPU. BadInput (one line) otherwise; nothing is built or run."""
+        if not 1 <= world <= MAX_RANKS:
+            raise BadInput(f"{world} ranks: a world has 1 to {MAX_RANKS} ranks")
+        params = self.resolve(overrides)
+        sizes = ", ".join(f"{k}={v}" for k, v in params.items())
+        total = 0
+        for t in self.tensors:
+            try:
+                dims = t.dims(params, world)
+            except BadInput:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- a workload's shape function failing is bad input
+                raise BadInput(f"workload {self.name}: tensor {t.name!r} has no shape for {sizes} on {world} "
+                               f"rank(s) ({type(exc).__name__}: {exc})") from None
+            if any(d <= 0 for d in dims):
+                raise BadInput(f"workload {self.name}: {sizes} on {world} rank(s) gives tensor {t.name!r} the shape "
+                               f"{dims}; sizes must make every dimension positive")
+            total += t.capacity_bytes(params, world)
+        if total > MAX_BYTES_PER_RANK:
+            raise BadInput(f"workload {self.name}: {sizes} on {world} rank(s) needs {total / 2**30:,.0f} GiB per rank "
+                           f"(more than {MAX_BYTES_PER_RANK >> 30} GiB); pick smaller sizes")
+        return params
+
     def path(self, filename: str) -> Path:
         return self.directory / filename
 
@@ -119,7 +154,13 @@ def load_workload(directory: str | Path) -> Workload:
     spec = importlib.util.spec_from_file_location(f"cuco_workload_{d.name}", f)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:  # also a file that is not UTF-8 text
+        raise BadInput(f"{f}: cannot be loaded: line {exc.lineno}: {exc.msg}; fix the file") from None
+    except Exception as exc:  # noqa: BLE001 -- whatever the module raises is the workload's error, not ours
+        raise BadInput(f"{f}: cannot be loaded: {_where(exc, f)}{type(exc).__name__}: {exc}; fix the file") \
+            from None
     wl = getattr(module, "WORKLOAD", None)
     if not isinstance(wl, Workload):
         raise BadInput(f"{f}: defines no WORKLOAD = Workload(...)")
@@ -127,12 +168,26 @@ def load_workload(directory: str | Path) -> Workload:
     return wl
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def _where(exc: BaseException, f: Path) -> str:
+    """"line N: " of the deepest frame of `exc`'s traceback that is in file `f` ("" when none is)."""
+    lines = [fr.lineno for fr in traceback.extract_tb(exc.__traceback__) if Path(fr.filename) == f]
+    return f"line {lines[-1]}: " if lines else ""
+
+
 def parse_overrides(items: Sequence[str]) -> dict[str, int]:
-    """``["M=4096", "K=1024"]`` -> ``{"M": 4096, "K": 1024}`` (the CLI's --size)."""
+    """``["M=4096", "K=1024"]`` -> ``{"M": 4096, "K": 1024}`` (the CLI's --size). Values are integers from 0 to
+    the ABI's int64 maximum; whether a value suits the workload is `Workload.check`'s business."""
     out: dict[str, int] = {}
     for item in items:
         name, sep, value = item.partition("=")
-        if not sep or not name or not value.strip().lstrip("-").isdigit():
+        value = value.strip()
+        if not sep or not name.strip() or not _INTEGER.fullmatch(value):
             raise BadInput(f"--size {item!r}: expected NAME=INTEGER, e.g. M=4096")
+        # The length first: int() of a few thousand digits is refused by Python itself.
+        if len(value) > len(str(MAX_PARAM)) or not 0 <= int(value) <= MAX_PARAM:
+            raise BadInput(f"--size {item!r}: a size is an integer from 0 to {MAX_PARAM}")
         out[name.strip()] = int(value)
     return out

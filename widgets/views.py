@@ -81,7 +81,8 @@ class TimelineView(W.VBox):
         for name in names:
             sel = [e for e in ev if e["name"] == name]
             self.fig.add_bar(orientation="h", base=[e["start_us"] - t0 for e in sel],
-                             x=[e["dur_us"] for e in sel], y=[f"rank {e['rank']} / s{e['stream']}" for e in sel],
+                             x=[e["dur_us"] for e in sel],
+                             y=[esc(f"rank {e['rank']} / s{e['stream']}") for e in sel],  # plotly reads tags in labels
                              name=esc(name)[:40], hovertext=[esc(name)] * len(sel), hoverinfo="text+x")
         super().__init__([W.HTML(badge_html(badge, detail)), self.fig])
 

@@ -5,6 +5,7 @@ import argparse
 import json
 
 from cuco_kit.analysis import analyze_file
+from cuco_kit.terminal import clean
 
 HELP = "communication analysis of a CUDA source"
 
@@ -19,5 +20,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_json_dict(), indent=2))
     else:
-        print(report.summary())
+        print(clean(report.summary()))  # names come from the source file
     return 0

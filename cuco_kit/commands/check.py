@@ -9,6 +9,7 @@ import json
 import sys
 
 from cuco_kit.static_check import check_candidate, load_source
+from cuco_kit.terminal import clean
 
 HELP = "L0 static check of a candidate against its parent"
 
@@ -31,5 +32,5 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"rejected ({len(report.reasons)} reason(s)):", file=sys.stderr)
         for reason in report.reasons:
-            print(f"  {reason}", file=sys.stderr)
+            print(clean(f"  {reason}"), file=sys.stderr)  # reasons quote the candidate
     return 0 if report.ok else 1

@@ -1,7 +1,9 @@
 """`cuco eval CANDIDATE --workload DIR --ranks N --backend nccl|symm [--size M=..] [--iters] [--db] [--json]`.
 
-Runs the cascade. Without a GPU it runs L0 and L1 and says which levels it could not run; it never makes up a
-number. On a terminal, a progress bar on stderr follows the cascade level by level.
+Runs the cascade. Without a GPU it runs L0 and L1 and says which levels it could not run (the result is badged
+"unmeasured"); it never makes up a number. On a terminal, a progress bar on stderr follows the cascade level by
+level. Exit code 0 for pass or unavailable, 1 for a failed candidate, 2 for bad input: the flags, sizes,
+candidate and workload are checked before anything is built.
 """
 from __future__ import annotations
 
@@ -15,10 +17,13 @@ from tqdm import tqdm
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
+from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
-from cuco_kit.workload import load_workload, parse_overrides
+from cuco_kit.terminal import clean
+from cuco_kit.workload import MAX_RANKS, load_workload, parse_overrides
 
 HELP = "evaluate a candidate (L0-L3) on N ranks"
+MAX_ITERS = 100_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,14 +36,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--iters", type=int, default=20, help="timed iterations")
     parser.add_argument("--db", help="store the outcome in this SQLite database")
     parser.add_argument("--json", action="store_true")
-
-
-def _read(path: str, what: str) -> str:
-    p = Path(path)
-    try:
-        return p.read_text()
-    except OSError as exc:
-        raise BadInput(f"{what} {p}: cannot read ({exc.strerror})") from None
 
 
 def _store(db: str, req: EvalRequest, result: EvalResult, workload_name: str) -> int:
@@ -65,14 +62,17 @@ def _levels_run(res: EvalResult) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    code = _read(args.candidate, "candidate")
+    # Every input is checked before anything is built: a bad flag or size costs nothing.
+    if not 1 <= args.ranks <= MAX_RANKS:
+        raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
+    if not 1 <= args.iters <= MAX_ITERS:
+        raise BadInput(f"--iters {args.iters}: must be between 1 and {MAX_ITERS}")
+    if args.db and not Path(args.db).resolve().parent.is_dir():
+        raise BadInput(f"--db {args.db}: folder {Path(args.db).parent} does not exist; create it first")
+    code = read_source(args.candidate, "candidate")
     wl = load_workload(args.workload)
     params = parse_overrides(args.size)
-    wl.resolve(params)
-    if args.ranks < 1:
-        raise BadInput(f"--ranks {args.ranks}: must be >= 1")
-    if args.iters < 1:
-        raise BadInput(f"--iters {args.iters}: must be >= 1")
+    wl.check(params, args.ranks)
     req = EvalRequest(candidate_code=code, workload_dir=str(Path(args.workload).resolve()), params=params,
                       world_size=args.ranks, backend=args.backend, iters=args.iters, label=Path(args.candidate).name)
     bar = tqdm(total=len(LEVELS), unit="level", desc=Path(args.candidate).name, file=sys.stderr, leave=False,
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(max(0, LEVELS.index(level) - bar.n))  # the levels before this one are done
             bar.set_postfix_str(f"{level} {ev.get('step')} {ev.get('done')}/{ev.get('total')}")
         if not args.json and ev.get("rank") in (None, 0) and ev.get("done") == ev.get("total"):
-            tqdm.write(f"  {ev.get('level')} {ev.get('step')} done", file=sys.stderr)
+            tqdm.write(clean(f"  {ev.get('level')} {ev.get('step')} done"), file=sys.stderr)
 
     ev = GpuEvaluator()
     try:
@@ -100,8 +100,9 @@ def run(args: argparse.Namespace) -> int:
         out["levels_run"], out["levels_not_run"] = ran, not_run
         print(json.dumps(out, indent=1, default=str))
     else:
-        print(f"{Path(args.candidate).name}: {res.verdict} at {res.level_reached}"
-              + (f" - {res.reason}" if res.reason else ""))
+        # The reason and the notes may quote the candidate or its build log: cleaned of control characters.
+        print(clean(f"{Path(args.candidate).name}: {res.verdict} at {res.level_reached} [{res.badge}]"
+                    + (f" - {res.reason}" if res.reason else "")))
         if not_run:
             print(f"levels not evaluated: {', '.join(not_run)}")
         if res.median_ms is not None:
@@ -111,5 +112,5 @@ def run(args: argparse.Namespace) -> int:
             print(f"seed {res.seed_median_ms:.4f} ms -> speed-up {res.speedup:.2f}x"
                   + ("  FLAGGED (> 3x: review before it counts)" if res.flagged else ""))
         for n in res.provenance.get("notes", []):
-            print(f"note: {n}")
+            print(clean(f"note: {n}"))
     return 0 if res.verdict in ("pass", "unavailable") else 1

@@ -1,32 +1,39 @@
 """`cuco fastpath SEED --backend lsa|gin [--workload DIR] [--model M] [--max-attempts N] [--db PATH] [--out FILE]
-[--json]`: the host-to-device rewrite of a seed with an LLM (docs/fastpath.md).
+[--json] [--llm-timeout S] [--llm-retries N] [--llm-budget DOLLARS] [--llm-token-budget TOKENS]`: the
+host-to-device rewrite of a seed with an LLM (docs/fastpath.md).
 
-Exit code 0 when the run reached its goal (as far as this machine can check), 1 otherwise. Before any work it
-checks that something listens at the LLM server's address, so a missing server is one line saying how to
-point cuco at one.
+Exit code 0 when the run reached its goal (as far as this machine can check), 1 otherwise, 2 for bad input.
+Before any work it checks the flags and that the LLM server answers, so a missing server is one line saying how
+to point cuco at one. The LLM budget is per database: earlier runs in the same --db count against it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import TextIO
-from urllib.parse import urlparse
 
-from cuco_kit.errors import BadInput, CucoError
+from cuco_kit.commands.llm_options import (
+    LLM_HINT,
+    PROBE_TIMEOUT_S,
+    add_llm_arguments,
+    check_budget_left,
+    check_llm_arguments,
+    check_llm_reachable,
+    llm_config,
+)
+from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig, FastPathResult
-from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
+from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.static_check import load_source
 from cuco_kit.store import Store
+from cuco_kit.terminal import clean
 
 HELP = "host-to-device rewrite of a seed (LLM loop)"
-LLM_HINT = ("point cuco at an OpenAI-compatible server: export OPENAI_BASE_URL=http://localhost:8000/v1 (vLLM; "
-            "Ollama: http://localhost:11434/v1, LM Studio: http://localhost:1234/v1) and OPENAI_API_KEY (any value "
-            "for a local server), and name the model with --model or CUCO_MODEL")
+MAX_ATTEMPTS = 20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,31 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="SQLite database for proposals and the LLM ledger")
     parser.add_argument("--out", help="write the final candidate here")
     parser.add_argument("--json", action="store_true")
-
-
-def check_llm_reachable(base_url: str, timeout_s: float = 3.0) -> None:
-    """Raise CucoError (one line, with the how-to) when nothing listens at the LLM server's host and port."""
-    u = urlparse(base_url)
-    host = u.hostname
-    if not host or u.scheme not in ("http", "https"):
-        raise CucoError(f"LLM server URL {base_url!r} is not an http(s) URL; {LLM_HINT}")
-    port = u.port or (443 if u.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError as exc:
-        raise CucoError(f"no LLM server reachable at {base_url} ({exc.strerror or exc}); {LLM_HINT}") from None
+    add_llm_arguments(parser)
 
 
 def _print_summary(res: FastPathResult, out: TextIO | None = None) -> None:
     out = out if out is not None else sys.stdout
-    print(f"fast path: {res.status}: {res.message}", file=out)
+    # Messages, reasons and diagnoses carry LLM and compiler text: cleaned of control characters.
+    print(clean(f"fast path: {res.status}: {res.message}"), file=out)
     for stage, oc in res.outcomes.items():
-        print(f"  stage {stage}: {oc.status} ({len(oc.attempts)} attempt(s)) {oc.message}", file=out)
+        print(clean(f"  stage {stage}: {oc.status} ({len(oc.attempts)} attempt(s)) {oc.message}"), file=out)
         for a in oc.attempts:
-            print(f"    #{a.number} [{a.source}] {a.verdict} at {a.level or '-'}: {a.reason}", file=out)
+            print(clean(f"    #{a.number} [{a.source}] {a.verdict} at {a.level or '-'}: {a.reason}"), file=out)
             if a.diagnosis:
-                print(f"      diagnosis: {a.diagnosis.splitlines()[0][:160]}", file=out)
+                print(clean(f"      diagnosis: {a.diagnosis.splitlines()[0][:160]}"), file=out)
     t = res.ledger
     if t:
         print(f"  LLM: {t.get('calls', 0)} call(s), {t.get('failed', 0)} failed, "
@@ -70,20 +65,37 @@ def _print_summary(res: FastPathResult, out: TextIO | None = None) -> None:
               file=out)
 
 
+def _check_arguments(args: argparse.Namespace) -> None:
+    check_llm_arguments(args)
+    if not 1 <= args.max_attempts <= MAX_ATTEMPTS:
+        raise BadInput(f"--max-attempts {args.max_attempts}: must be between 1 and {MAX_ATTEMPTS}")
+    if args.workload is not None and not (Path(args.workload) / "workload.py").is_file():
+        raise BadInput(f"--workload {args.workload}: not a workload directory (no workload.py)")
+    if args.out and not Path(args.out).resolve().parent.is_dir():
+        raise BadInput(f"--out {args.out}: folder {Path(args.out).parent} does not exist; create it first")
+
+
 def run(args: argparse.Namespace) -> int:
+    # Everything is checked before the first LLM call: a bad flag costs nothing.
+    _check_arguments(args)
     seed = load_source(args.seed, "seed")
-    cfg_llm = LLMConfig(model=args.model or None)
-    check_llm_reachable(cfg_llm.base_url or "")
+    cfg_llm = llm_config(args, model=args.model or None)
+    check_llm_reachable(cfg_llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
     client = OpenAICompatibleClient(cfg_llm)
     workload = args.workload
-    if workload is not None and not (Path(workload) / "workload.py").is_file():
-        raise BadInput(f"--workload {workload}: not a workload directory (no workload.py)")
     evaluator: GpuEvaluator | None = None
     gpu = gpu_present()
+    store = Store(args.db) if args.db else None
+    if store is not None:
+        try:
+            check_budget_left(store, cfg_llm.model or "", args, args.db)
+        except BadInput:
+            store.close()
+            raise
     if workload is not None and gpu:
         evaluator = GpuEvaluator()
-    store = Store(args.db) if args.db else None
-    config = FastPathConfig(backend=args.backend, max_attempts=int(args.max_attempts), gpu=gpu)
+    config = FastPathConfig(backend=args.backend, max_attempts=int(args.max_attempts), gpu=gpu,
+                            budget_dollars=args.llm_budget, budget_tokens=args.llm_token_budget)
     try:
         fp = FastPath(seed, workload, client, evaluator, store, config, seed_name=Path(args.seed).name)
         res = fp.run()
@@ -99,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_summary(res)
         if res.status == "llm_error":
-            print(f"hint: {LLM_HINT}", file=sys.stderr)
+            refused = any((e.error or "").startswith("refused") for e in fp.ledger.entries)
+            print("hint: " + ("the LLM budget is per database (--db): raise --llm-budget or --llm-token-budget"
+                              if refused else LLM_HINT), file=sys.stderr)
         if not gpu:
             print(f"note: {NO_GPU}", file=sys.stderr)
     return 0 if res.ok else 1

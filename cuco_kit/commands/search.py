@@ -1,6 +1,10 @@
 """`cuco search WORKLOAD ...`: a headless search with a live log (or a JSON summary).
 
-On a terminal, a progress bar on stderr counts generations, evaluations and the best speed-up so far.
+On a terminal, a progress bar on stderr counts generations, evaluations and the best speed-up so far. Every flag,
+the workload, its baseline and seed, the evaluator and (with an LLM mutator) the LLM server are checked before the
+search starts: bad input is one line and exit code 2. The LLM dollar budget is per database (--llm-budget); a
+search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying so. Names and
+reasons from the LLM and the candidates are printed cleaned of control characters.
 """
 from __future__ import annotations
 
@@ -13,8 +17,20 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cuco_kit.commands.llm_options import (
+    PROBE_TIMEOUT_S,
+    LLMBreaker,
+    add_llm_arguments,
+    check_budget_left,
+    check_llm_arguments,
+    check_llm_reachable,
+    llm_config,
+    llm_failure,
+    unanswered,
+)
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import Evaluator
+from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
@@ -26,10 +42,14 @@ from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.proposal import ProposalSource
+from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
-from cuco_kit.workload import load_workload
+from cuco_kit.terminal import clean, one_line
+from cuco_kit.workload import MAX_RANKS, Workload, load_workload
 
 HELP = "evolutionary search over a workload"
+NO_GPU_HINT = ("use --evaluator simulated (a synthetic landscape, numbers badged SIMULATED) or --evaluator replay "
+               "(real measurements recorded on a GPU machine)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +62,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
+    add_llm_arguments(parser)
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    if args.generations < 0:
+        raise BadInput(f"--generations {args.generations}: must be >= 0")
+    if not 1 <= args.ranks <= MAX_RANKS:
+        raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
+    check_llm_arguments(args)
+
+
+def _check_workload(wl: Workload, args: argparse.Namespace) -> None:
+    """The workload's sizes suit --ranks, and the files the search starts from are readable source text."""
+    wl.check(None, args.ranks)
+    if not wl.baseline:
+        raise BadInput(f"workload {wl.name}: no baseline (the device-initiated program with the knob block) to start "
+                       "the search from; set Workload.baseline")
+    read_source(wl.path(wl.baseline), f"workload {wl.name}: baseline")
+    if args.backend in wl.seeds:
+        read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
 
 
 def _evaluator(args: argparse.Namespace, workload_dir: Path, workload_name: str) -> Evaluator:
@@ -55,15 +95,18 @@ def _evaluator(args: argparse.Namespace, workload_dir: Path, workload_name: str)
                 return ReplayEvaluator(c)
         raise BadInput("--evaluator replay needs a replay database: set CUCO_REPLAY_DB, or commit one as "
                        f"{workload_dir / 'replay.db'} or benchmarks/search/{workload_name}.db")
+    if not gpu_present():
+        # Without a GPU the GPU evaluator measures nothing: every program would end "unavailable" at L1.
+        raise BadInput(f"--evaluator gpu: this machine has no GPU (nvidia-smi lists none); {NO_GPU_HINT}")
     return GpuEvaluator()
 
 
-def _sources(mutator: str) -> list[ProposalSource]:
+def _sources(mutator: str, breaker: LLMBreaker | None) -> list[ProposalSource]:
     out: list[ProposalSource] = []
     if mutator in ("offline", "mixed"):
         out.append(DesignSpaceSource())
-    if mutator in ("llm", "mixed"):
-        out.append(LLMSource(OpenAICompatibleClient(LLMConfig())))
+    if breaker is not None:
+        out.append(LLMSource(breaker))
     return out
 
 
@@ -85,7 +128,7 @@ def _printer(as_json: bool) -> Callable[[Event], None]:
             line = f"{event.kind}: {d.get('state', '')}{d.get('message', '')} {d.get('reason', '')}".rstrip()
         else:
             return
-        tqdm.write(line, file=out)  # above the progress bar, when there is one
+        tqdm.write(clean(line), file=out)  # above the progress bar, when there is one; names come from the LLM
         out.flush()
 
     return show
@@ -108,22 +151,38 @@ def _progress_bar(engine: SearchEngine, bar: tqdm) -> Callable[[Event], None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     workload_dir = Path(args.workload)
     wl = load_workload(workload_dir)
+    _check_workload(wl, args)
+    llm: LLMConfig | None = None
+    if args.mutator != "offline":
+        llm = llm_config(args)
+        check_llm_reachable(llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
+    evaluator = _evaluator(args, workload_dir, wl.name)
     db = Path(args.db)
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
     store = Store(db)
-    evaluator = _evaluator(args, workload_dir, wl.name)
+    if llm is not None:
+        try:
+            check_budget_left(store, llm.model or "", args, db)
+        except BadInput:
+            store.close()
+            raise
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed,
-                          budget=BudgetConfig(generations=args.generations))
+                          budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
+                                              llm_tokens=args.llm_token_budget))
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}
         config.phases.exploit.mix = {"design_space": 1.0}
     events = EventBus()
     events.subscribe(_printer(args.json))
-    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator), config, events)
+    breaker = LLMBreaker(OpenAICompatibleClient(llm)) if llm is not None else None
+    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator, breaker), config, events)
+    if breaker is not None:
+        breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,
                disable=args.json or not sys.stderr.isatty())
     events.subscribe(_progress_bar(engine, bar))
@@ -134,12 +193,33 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         bar.close()
+    if llm is not None and engine.ledger is not None:
+        failed = _llm_failed(engine, breaker, llm.base_url or "")
+        if failed is not None:
+            print(f"cuco search: {failed}", file=sys.stderr)
+            return 1
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
     else:
         s = summary
         best = (f"best program {s.best_program_id} at {s.best_speedup:.3f}x the seed"
                 if s.best_program_id is not None else "no passing program")
-        print(f"run {s.run_id} {s.state} ({s.reason}): {s.generations} generations, {s.evaluations} evaluations "
-              f"[{s.badge}], {best}; database {db}")
+        print(clean(f"run {s.run_id} {s.state} ({s.reason}): {s.generations} generations, {s.evaluations} "
+                    f"evaluations [{s.badge}], {best}; database {db}"))
     return 0
+
+
+def _llm_failed(engine: SearchEngine, breaker: LLMBreaker | None, base_url: str) -> str | None:
+    """One line when the LLM answered none of this session's calls, or stopped answering (the breaker ended the
+    search); None when it did its part."""
+    assert engine.ledger is not None
+    entries = engine.ledger.entries
+    never = llm_failure(entries, base_url)
+    if never is not None:
+        return f"run {engine.run_id}: {never}"
+    if breaker is not None and breaker.tripped:
+        last = one_line(unanswered(entries)[-1].error)[:300]
+        return (f"run {engine.run_id} stopped after generation {engine.generation}: the LLM at {base_url} stopped "
+                f"answering ({breaker.limit} calls in a row got no answer, last: {last}); run the same command "
+                "again to resume once it answers")
+    return None

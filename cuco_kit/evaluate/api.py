@@ -13,7 +13,9 @@ from typing import Any, Literal, Protocol
 
 Level = Literal["L0", "L1", "L2", "L3"]
 Verdict = Literal["pass", "fail", "error", "unavailable"]
-Badge = Literal["real", "replayed", "simulated"]
+# What the numbers of a result are: measured on this machine's GPU, served from a recorded real run, made up by a
+# synthetic landscape, or absent ("unmeasured": no GPU to measure on, so only L0/L1 ran).
+Badge = Literal["real", "replayed", "simulated", "unmeasured"]
 LEVELS: tuple[Level, ...] = ("L0", "L1", "L2", "L3")
 
 # A progress callback receives small dicts such as

@@ -212,11 +212,12 @@ class GpuEvaluator:
         gpus = self._detect()
         if not gpus:
             prov["notes"] = notes
-            return EvalResult("L1", "unavailable", "no GPU: L2/L3 not evaluated", logs=logs, provenance=prov)
+            return EvalResult("L1", "unavailable", "no GPU: L2/L3 not evaluated", badge="unmeasured", logs=logs,
+                              provenance=prov)
         if req.backend == "nccl" and req.world_size > len(gpus):
             return EvalResult("L1", "unavailable", f"nccl backend: world size {req.world_size} needs "
                               f"{req.world_size} GPUs, this machine has {len(gpus)} (use --backend symm)",
-                              logs=logs, provenance=prov)
+                              badge="unmeasured", logs=logs, provenance=prov)
         # seed build
         seed_so = None
         if req.measure_seed:

@@ -72,6 +72,7 @@ class FastPathConfig:
     max_tokens: int | None = None
     judge: bool = True  # ask the LLM for a diagnosis of each failed attempt
     budget_dollars: float | None = 5.0  # hard LLM budget when FastPath wraps the client in a Ledger itself
+    budget_tokens: int | None = None  # tokens of calls at unknown price (None: the ledger's default)
     gpu: bool | None = None  # None: detect with nvidia-smi; False: never run L2; True: assume one is present
     l2_worlds: tuple[int, ...] = (1, 2)
     size_preset: str | None = "small"  # workload size preset for L2 (None: the workload's defaults)
@@ -202,7 +203,8 @@ class FastPath:
         if isinstance(llm, LedgeredClient):
             self.llm = llm
         else:
-            self.llm = LedgeredClient(llm, Ledger(store, self.run_id, self.config.budget_dollars))
+            self.llm = LedgeredClient(llm, Ledger(store, self.run_id, self.config.budget_dollars,
+                                                  budget_tokens=self.config.budget_tokens))
         self.ledger = self.llm.ledger
         self.report: AnalysisReport | None = None
         self.outcomes: dict[str, StageOutcome] = {}

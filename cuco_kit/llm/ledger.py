@@ -1,20 +1,34 @@
-"""The usage and cost ledger with a hard dollar budget.
+"""The usage and cost ledger, with a hard dollar budget and a token budget for models of unknown price.
 
 Every call made through a `LedgeredClient` is recorded, whether it succeeded, was truncated, failed or was
 refused, in memory (`Ledger.entries`, for notebooks) and, when a store is given, through
 `store.add_llm_call(...)`. Dollars come from the completion when the client priced it, else from the price
-table; an unknown model gives dollars None (tokens only).
+table (the answer's model, else the model that was asked for).
 
-The budget is hard in this sense: a call is refused before anything is sent once the spent dollars reach the
-budget. Every client that shares one `Ledger` (the search's mutators and evaluation-side helpers alike) draws
-from the same budget. Calls already in flight when the budget is reached still finish, so the overshoot is at
-most the cost of the calls running at that moment. Calls to models with no known price count 0 dollars (a
-warning is logged once per model when a budget is set).
+The budget is hard: before a call is sent, the ledger RESERVES its worst case (an upper bound on the prompt's
+tokens, from the messages' bytes, plus the completion's `max_tokens`, at the asked model's price) and refuses
+the call when the reservation does not fit next to what is spent and what calls in flight have reserved. When
+the call ends, its reservation is released and its real cost counted. So concurrent calls cannot together
+overshoot, and the total stays within the budget as long as the server bills no more than it was allowed
+(a server that reports more tokens than `max_tokens` is counted as it reported, with a warning). A call to a
+priced model with no `max_tokens` (and none configured) is sent with `DEFAULT_MAX_TOKENS`: without a cap a call
+has no worst case.
+
+A model with no known price is never counted as free: its calls count TOKENS (prompt + completion) against
+`budget_tokens` (by default `DEFAULT_TOKEN_BUDGET` whenever a dollar budget is set), reserved the same way;
+such a call without a cap is sent as it is (a local server's context may be smaller than any cap we would pick)
+and reserved as if it had `DEFAULT_MAX_TOKENS`.
+
+With a store, the budget is per DATABASE: what every earlier run and command spent in that store counts, so a
+resumed run, a second `cuco fastpath` on the same database or another run in the same file does not get a
+fresh budget. Every client that shares one `Ledger` (the search's mutators and evaluation-side helpers alike)
+draws from the same budget.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -26,10 +40,20 @@ from cuco_kit.llm.client import (
     LLMBudgetExceeded,
     LLMClient,
     LLMTruncated,
+    canonical_json,
     request_hash,
 )
 
 log = logging.getLogger("cuco_kit.llm")
+
+# The completion cap sent with a call that names none (and whose client configures none).
+DEFAULT_MAX_TOKENS = 16384
+# Tokens that calls to models of unknown price may use when a dollar budget is set and no token budget is given:
+# about what the default $5 buys at a mid-range model's price.
+DEFAULT_TOKEN_BUDGET = 1_000_000
+# Tokens a chat template adds per message (role markers) and per request, on top of the content.
+_TOKENS_PER_MESSAGE = 8
+_TOKENS_PER_REQUEST = 8
 
 
 class LLMCallSink(Protocol):
@@ -54,29 +78,75 @@ class LedgerEntry:
     at: float  # time.time() when the call ended
 
 
-class Ledger:
-    """Counts tokens, latency and dollars of LLM calls and enforces a dollar budget.
+@dataclass(frozen=True)
+class Reservation:
+    """The worst case of one call in flight, held against the budget until the call ends."""
 
-    `already_spent`: dollars spent before this ledger existed; by default, for a store and a run_id, what the
-    store's `llm_dollars(run_id)` says (so a resumed run does not get a fresh budget), else 0.
+    model: str
+    price: tuple[float, float] | None  # input, output $/Mtok; None: unknown, the call counts tokens
+    prompt_tokens: int  # upper bound
+    max_tokens: int
+    dollars: float  # worst-case dollars (0 when the price is unknown)
+
+    @property
+    def tokens(self) -> int:
+        return self.prompt_tokens + self.max_tokens
+
+
+def prompt_tokens_bound(messages: list[dict]) -> int:
+    """An upper bound on the prompt tokens of `messages`: the UTF-8 bytes of each message's JSON plus the chat
+    template's overhead. Byte-level tokenizers (BPE with byte fallback) never make more tokens than bytes."""
+    return _TOKENS_PER_REQUEST + sum(len(canonical_json(m).encode("utf-8")) + _TOKENS_PER_MESSAGE
+                                     for m in messages)
+
+
+def _store_totals(store: Any) -> tuple[float, int]:
+    """(dollars, tokens of unpriced calls) the store holds over its whole database; (0, 0) without a store."""
+    calls = getattr(store, "llm_calls", None)
+    if calls is None:
+        return 0.0, 0
+    dollars, tokens = 0.0, 0
+    for row in calls():
+        if row["dollars"] is None:
+            tokens += int(row["prompt_tokens"] or 0) + int(row["completion_tokens"] or 0)
+        else:
+            dollars += float(row["dollars"])
+    return dollars, tokens
+
+
+class Ledger:
+    """Counts tokens, latency and dollars of LLM calls and enforces the budgets (see the module doc).
+
+    `budget_dollars`: hard dollar budget (None: none). `budget_tokens`: tokens that calls to models of unknown
+    price may use (None: `DEFAULT_TOKEN_BUDGET` when a dollar budget is set, else no limit).
+    `already_spent` / `already_spent_tokens`: dollars and unpriced tokens spent before this ledger existed; by
+    default what the store holds over its whole database (0 without a store).
     """
 
     def __init__(self, store: LLMCallSink | None = None, run_id: int | None = None,
-                 budget_dollars: float | None = None, *, prices: _prices.PriceTable | None = None,
-                 already_spent: float | None = None) -> None:
-        if budget_dollars is not None and budget_dollars < 0:
-            raise ValueError(f"budget_dollars must be >= 0 or None, got {budget_dollars}")
+                 budget_dollars: float | None = None, *, budget_tokens: int | None = None,
+                 prices: _prices.PriceTable | None = None, already_spent: float | None = None,
+                 already_spent_tokens: int | None = None) -> None:
+        if budget_dollars is not None and not (budget_dollars >= 0 and math.isfinite(budget_dollars)):
+            raise ValueError(f"budget_dollars must be a finite number >= 0 or None, got {budget_dollars}")
+        if budget_tokens is not None and budget_tokens < 0:
+            raise ValueError(f"budget_tokens must be >= 0 or None, got {budget_tokens}")
         self.store = store
         self.run_id = run_id
         self.budget_dollars = budget_dollars
+        self.budget_tokens = budget_tokens if budget_tokens is not None or budget_dollars is None \
+            else DEFAULT_TOKEN_BUDGET
         self.prices = prices
-        if already_spent is None:
-            # A resumed run keeps drawing from the same budget: start from what the store says it spent.
-            loader = getattr(store, "llm_dollars", None)
-            already_spent = float(loader(run_id)) if loader is not None and run_id is not None else 0.0
+        if already_spent is None or already_spent_tokens is None:
+            # The budget is per database: a resumed run, or another command on the same file, draws from it too.
+            db_dollars, db_tokens = _store_totals(store)
+            already_spent = db_dollars if already_spent is None else already_spent
+            already_spent_tokens = db_tokens if already_spent_tokens is None else already_spent_tokens
         self._spent = float(already_spent)
+        self._tokens = int(already_spent_tokens)
+        self._reserved_dollars = 0.0
+        self._reserved_tokens = 0
         self._entries: list[LedgerEntry] = []
-        self._unpriced_warned: set[str] = set()
         self._lock = threading.Lock()
 
     # -- reading --------------------------------------------------------------------------------------------
@@ -84,6 +154,12 @@ class Ledger:
     def spent_dollars(self) -> float:
         with self._lock:
             return self._spent
+
+    @property
+    def spent_tokens(self) -> int:
+        """Tokens of calls at unknown price (the ones the token budget counts)."""
+        with self._lock:
+            return self._tokens
 
     @property
     def remaining_dollars(self) -> float | None:
@@ -97,7 +173,8 @@ class Ledger:
             return list(self._entries)
 
     def totals(self) -> dict[str, Any]:
-        """calls, failed, prompt/completion tokens, dollars spent (priced calls only), unpriced calls."""
+        """calls, failed, prompt/completion tokens, dollars spent (priced calls, database-wide with a store),
+        unpriced calls and their tokens."""
         es = self.entries
         return {
             "calls": len(es),
@@ -106,37 +183,92 @@ class Ledger:
             "completion_tokens": sum(e.completion_tokens or 0 for e in es),
             "dollars": self.spent_dollars,
             "unpriced_calls": sum(e.dollars is None and (e.prompt_tokens or 0) > 0 for e in es),
+            "unpriced_tokens": self.spent_tokens,
         }
 
+    def exhausted(self, model: str) -> str | None:
+        """Why no call to `model` can be sent at all now (one line), or None while there is budget left."""
+        with self._lock:
+            if self.budget_dollars is not None and self._spent >= self.budget_dollars:
+                return (f"the LLM budget is spent: ${self._spent:.4f} of ${self.budget_dollars:.4f} (the budget "
+                        "counts every call in the database); raise the LLM dollar budget to continue")
+            if _prices.lookup(model, self.prices) is None and self.budget_tokens is not None \
+                    and self._tokens >= self.budget_tokens:
+                return (f"the LLM token budget is spent: model {model!r} has no known price, so its calls count "
+                        f"tokens, and {self._tokens} of {self.budget_tokens} are used; raise the token budget or "
+                        "add the model's price to the price table")
+        return None
+
     # -- writing --------------------------------------------------------------------------------------------
-    def check_budget(self, purpose: str) -> None:
-        """Raise LLMBudgetExceeded when the budget is spent."""
-        if self.budget_dollars is None:
-            return
-        spent = self.spent_dollars
-        if spent >= self.budget_dollars:
-            raise LLMBudgetExceeded(
-                f"LLM budget spent: ${spent:.4f} of ${self.budget_dollars:.4f}; call '{purpose}' was not sent. "
-                "Raise the run's LLM dollar budget to continue.")
+    def reserve(self, model: str, messages: list[dict], max_tokens: int, purpose: str) -> Reservation:
+        """Hold the worst case of a call to `model` against the budget, or raise LLMBudgetExceeded (nothing is
+        held then). Every reservation must be settled by `record(..., reservation=r)`."""
+        price = _prices.lookup(model, self.prices)
+        bound = prompt_tokens_bound(messages)
+        worst = 0.0 if price is None else (bound * price[0] + max_tokens * price[1]) / 1e6
+        r = Reservation(model, price, bound, max_tokens, worst)
+        with self._lock:
+            why = self._refusal(r, purpose)
+            if why is not None:
+                raise LLMBudgetExceeded(why)
+            self._reserved_dollars += r.dollars
+            self._reserved_tokens += r.tokens if price is None else 0
+        return r
+
+    def _refusal(self, r: Reservation, purpose: str) -> str | None:
+        if self.budget_dollars is not None:
+            held = self._spent + self._reserved_dollars
+            if self._spent >= self.budget_dollars or held + r.dollars > self.budget_dollars:
+                return (f"LLM budget: call '{purpose}' to {r.model} could cost up to ${r.dollars:.4f} "
+                        f"({r.prompt_tokens} prompt + {r.max_tokens} completion tokens at most), and "
+                        f"${self._spent:.4f} of ${self.budget_dollars:.4f} is spent (${self._reserved_dollars:.4f} "
+                        "more held by calls in flight); the call was not sent. Raise the LLM dollar budget to "
+                        "continue.")
+        if r.price is None and self.budget_tokens is not None:
+            held_tokens = self._tokens + self._reserved_tokens
+            if held_tokens + r.tokens > self.budget_tokens:
+                return (f"LLM token budget: model {r.model!r} has no known price, so its calls count tokens; call "
+                        f"'{purpose}' could use up to {r.tokens} and {self._tokens} of {self.budget_tokens} are used "
+                        f"({self._reserved_tokens} more held by calls in flight); the call was not sent. Raise the "
+                        "token budget or add the model's price to the price table.")
+        return None
+
+    def release(self, reservation: Reservation) -> None:
+        """Give a reservation back without counting a call (the call never ended)."""
+        with self._lock:
+            self._release(reservation)
+
+    def _release(self, r: Reservation) -> None:
+        self._reserved_dollars = max(0.0, self._reserved_dollars - r.dollars)
+        if r.price is None:
+            self._reserved_tokens = max(0, self._reserved_tokens - r.tokens)
 
     def record(self, *, purpose: str, model: str, prompt_tokens: int | None, completion_tokens: int | None,
                latency_s: float, dollars: float | None, ok: bool, error: str | None,
-               request_hash: str) -> LedgerEntry:
+               request_hash: str, reservation: Reservation | None = None) -> LedgerEntry:
+        """Count one call (and release its reservation, if it had one)."""
         if dollars is None:
             dollars = _prices.cost(model, prompt_tokens, completion_tokens, self.prices)
-        if dollars is None and prompt_tokens and self.budget_dollars is not None and model not in \
-                self._unpriced_warned:
-            self._unpriced_warned.add(model)
-            log.warning("no price known for model %r: its calls are recorded in tokens only and do not count "
-                        "against the $%.2f budget (add it to the price table to count them)", model,
-                        self.budget_dollars)
+        if dollars is None and reservation is not None and reservation.price is not None \
+                and prompt_tokens is not None and completion_tokens is not None:
+            # The server named its model differently (a dated snapshot, a local alias): the price of the model
+            # that was asked for is what this call costs.
+            dollars = (prompt_tokens * reservation.price[0] + completion_tokens * reservation.price[1]) / 1e6
+        unpriced_tokens = (prompt_tokens or 0) + (completion_tokens or 0) if dollars is None else 0
+        if reservation is not None and (dollars or 0.0) > reservation.dollars + 1e-12 and reservation.price:
+            log.warning("LLM call '%s' cost $%.4f, more than its worst case $%.4f: the server reported more tokens "
+                        "(%s + %s) than the call allowed; the budget cannot bound such a server", purpose, dollars,
+                        reservation.dollars, prompt_tokens, completion_tokens)
         entry = LedgerEntry(purpose=purpose, model=model, prompt_tokens=prompt_tokens,
                             completion_tokens=completion_tokens, latency_s=latency_s, dollars=dollars, ok=ok,
                             error=error, request_hash=request_hash, at=time.time())
         with self._lock:
+            if reservation is not None:
+                self._release(reservation)
             self._entries.append(entry)
             if dollars:
                 self._spent += dollars
+            self._tokens += unpriced_tokens
             if self.store is not None:
                 # Under the lock so the store's rows come in the same order as the in-memory entries.
                 # The store's columns are NOT NULL: a call that never got an answer has 0 tokens there
@@ -151,18 +283,18 @@ class Ledger:
         return LedgeredClient(inner, self)
 
 
-def _model_of(client: Any) -> str:
-    """Best guess of the model a failed call was meant for (the answer that would name it never came)."""
+def _config_value(client: Any, name: str) -> Any:
+    """A field of the client's LLMConfig (or of the client it wraps); None when neither has one."""
     for obj in (client, getattr(client, "inner", None)):
-        config = getattr(obj, "config", None)
-        model = getattr(config, "model", None)
-        if model:
-            return str(model)
-    return "unknown"
+        value = getattr(getattr(obj, "config", None), name, None)
+        if value:
+            return value
+    return None
 
 
 class LedgeredClient:
-    """An `LLMClient` that checks the budget before and records every call after, in `ledger`."""
+    """An `LLMClient` that reserves each call's worst case before sending it and records what it cost after,
+    in `ledger`."""
 
     def __init__(self, inner: LLMClient, ledger: Ledger) -> None:
         self.inner = inner
@@ -171,31 +303,38 @@ class LedgeredClient:
     def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         rh = request_hash(messages, purpose)
+        # The best guess of the model before an answer names it: the configured one.
+        model = str(_config_value(self.inner, "model") or "unknown")
+        cap = max_tokens or _config_value(self.inner, "max_tokens")
+        if cap is None and _prices.lookup(model, self.ledger.prices) is not None:
+            cap = DEFAULT_MAX_TOKENS  # a paid call needs a worst case; a local server keeps its own default
         try:
-            self.ledger.check_budget(purpose)
+            reservation = self.ledger.reserve(model, messages, int(cap or DEFAULT_MAX_TOKENS), purpose)
         except LLMBudgetExceeded as exc:
-            self.ledger.record(purpose=purpose, model=_model_of(self.inner), prompt_tokens=None,
-                               completion_tokens=None, latency_s=0.0, dollars=0.0, ok=False,
-                               error=f"refused: {exc}", request_hash=rh)
+            self.ledger.record(purpose=purpose, model=model, prompt_tokens=None, completion_tokens=None,
+                               latency_s=0.0, dollars=0.0, ok=False, error=f"refused: {exc}", request_hash=rh)
             raise
         start = time.monotonic()
         try:
-            c = self.inner.complete(messages, purpose=purpose, temperature=temperature, max_tokens=max_tokens)
+            c = self.inner.complete(messages, purpose=purpose, temperature=temperature, max_tokens=cap)
         except LLMTruncated as exc:
             # Paid for: tokens and dollars count.
             t = exc.completion
             self.ledger.record(purpose=purpose, model=t.model, prompt_tokens=t.prompt_tokens,
                                completion_tokens=t.completion_tokens, latency_s=t.latency_s, dollars=t.dollars,
-                               ok=False, error=f"truncated: {exc}", request_hash=rh)
+                               ok=False, error=f"truncated: {exc}", request_hash=rh, reservation=reservation)
             raise
         except Exception as exc:
-            self.ledger.record(purpose=purpose, model=_model_of(self.inner), prompt_tokens=None,
-                               completion_tokens=None, latency_s=time.monotonic() - start, dollars=None,
-                               ok=False, error=f"{type(exc).__name__}: {exc}", request_hash=rh)
+            self.ledger.record(purpose=purpose, model=model, prompt_tokens=None, completion_tokens=None,
+                               latency_s=time.monotonic() - start, dollars=None, ok=False,
+                               error=f"{type(exc).__name__}: {exc}", request_hash=rh, reservation=reservation)
+            raise
+        except BaseException:
+            self.ledger.release(reservation)  # interrupted: nothing to record, but nothing stays held
             raise
         entry = self.ledger.record(purpose=purpose, model=c.model, prompt_tokens=c.prompt_tokens,
                                    completion_tokens=c.completion_tokens, latency_s=c.latency_s,
-                                   dollars=c.dollars, ok=True, error=None, request_hash=rh)
+                                   dollars=c.dollars, ok=True, error=None, request_hash=rh, reservation=reservation)
         if c.dollars is None and entry.dollars is not None:
             c = dataclasses.replace(c, dollars=entry.dollars)
         return c

@@ -3,7 +3,7 @@
 The figures are list prices published by the providers (2025) for a few common models; providers change them,
 so check your provider's pricing page and pass your own table through `LLMConfig.prices` or
 `Ledger(prices=...)` when it matters. A model not in the table (a local vLLM/Ollama model, say) gets
-`dollars=None`: its tokens are still recorded, but it does not count against a dollar budget.
+`dollars=None`: it is not counted as free, its tokens count against the ledger's token budget instead.
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Budgets: generations, wall time, evaluations and LLM dollars (evaluation-side calls included).
 
 Dollars are read from the store's LLM ledger for the run, so every client that records into the same store and
-run (the search's mutators and any evaluation-side helper) counts; the ledger itself refuses calls once its
-budget is spent, so a run cannot overshoot by more than the calls already in flight. Wall time adds up over
-resumed sessions (the engine stores what earlier sessions used).
+run (the search's mutators and any evaluation-side helper) counts; the ledger itself reserves each call's worst
+case before sending it and refuses what does not fit, counting everything spent in the database
+(cuco_kit/llm/ledger.py). Wall time adds up over resumed sessions (the engine stores what earlier sessions used).
 """
 from __future__ import annotations
 
@@ -20,12 +20,13 @@ class BudgetConfig:
     generations: int = 10
     wall_s: float | None = None  # None: no limit
     llm_dollars: float | None = None
+    llm_tokens: int | None = None  # tokens of LLM calls at unknown price (None: the ledger's default)
     evaluations: int | None = None  # evaluations started by the search (seed and baseline included)
 
     def __post_init__(self) -> None:
         if self.generations < 0:
             raise BadInput(f"generations must be >= 0, got {self.generations}")
-        for name in ("wall_s", "llm_dollars", "evaluations"):
+        for name in ("wall_s", "llm_dollars", "llm_tokens", "evaluations"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise BadInput(f"budget {name} must be >= 0 or None, got {v}")

@@ -247,8 +247,8 @@ class SearchEngine:
                            "knob block) to start the search from; set Workload.baseline")
         self.run_id = self._find_or_create_run()
         self._load_state()
-        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars,
-                             already_spent=self.store.llm_dollars(self.run_id))
+        # The ledger's budget is per database: what earlier runs in this store spent counts too.
+        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars, budget_tokens=cfg.budget.llm_tokens)
         for s in self.sources:
             bind = getattr(s, "bind", None)
             if callable(bind):

@@ -389,10 +389,12 @@ def test_an_answer_without_code_is_an_error_attempt_nothing_is_built() -> None:
 # ---- CLI ----------------------------------------------------------------------------------------------------
 
 def _args(**kw: object) -> argparse.Namespace:
-    base = {"seed": str(WORKLOAD / "seed_nccl.cu"), "backend": "lsa", "workload": None, "model": None,
-            "max_attempts": 1, "db": None, "out": None, "json": False}
-    base.update(kw)
-    return argparse.Namespace(**base)
+    parser = argparse.ArgumentParser()
+    fastpath_command.add_arguments(parser)  # the command's own defaults, LLM flags included
+    args = parser.parse_args([str(WORKLOAD / "seed_nccl.cu"), "--max-attempts", "1"])
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
 
 
 def test_cli_without_a_reachable_llm_fails_with_one_line_saying_how_to_point_it(monkeypatch: pytest.MonkeyPatch) \

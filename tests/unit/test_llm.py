@@ -40,6 +40,7 @@ from cuco_kit.llm.fake_server import (
     slow,
     truncated,
 )
+from cuco_kit.llm.ledger import prompt_tokens_bound
 from cuco_kit.llm.openai_client import DEFAULT_MODEL, LOCAL_DUMMY_KEY, backoff_delay
 from cuco_kit.store import Store
 
@@ -176,23 +177,26 @@ def test_truncated_answer_raises_and_is_recorded_with_its_tokens(store, run_id):
 
 
 def test_budget_refuses_before_sending_and_is_shared_by_all_clients(store, run_id):
-    price = {"fixture-a": (1e6, 1e6)}  # $1 per token, so one call costs > $1
+    price = {"fixture": (1e3, 1e3), "fixture-a": (1e3, 1e3)}  # $0.001 per token, asked and answering model
+    worst = (prompt_tokens_bound(MSGS) + 10) * 1e-3  # what a call with max_tokens=10 could cost
     with FakeOpenAIServer([answer("a", "x y", times=0)]) as srv:
-        ledger = Ledger(store, run_id, budget_dollars=1.0, prices=price)
+        ledger = Ledger(store, run_id, budget_dollars=worst + 0.01, prices=price)
         search_side = LedgeredClient(make_client(srv), ledger)
         eval_side = LedgeredClient(make_client(srv), ledger)
-        c = search_side.complete(MSGS, purpose="mutate")
-        assert c.dollars == pytest.approx(PROMPT_WORDS + 2)  # priced by the ledger's table
-        assert ledger.spent_dollars == pytest.approx(PROMPT_WORDS + 2) and ledger.remaining_dollars == 0
+        c = search_side.complete(MSGS, purpose="mutate", max_tokens=10)
+        cost = (PROMPT_WORDS + 2) * 1e-3
+        assert c.dollars == pytest.approx(cost)  # priced by the ledger's table
+        assert ledger.spent_dollars == pytest.approx(cost)
+        # what is left ($0.025) is less than the next call's worst case: refused before sending
         with pytest.raises(LLMBudgetExceeded, match="not sent"):
-            eval_side.complete(MSGS, purpose="evaluate.judge")
+            eval_side.complete(MSGS, purpose="evaluate.judge", max_tokens=10)
         assert len(srv.chat_requests()) == 1  # the refused call never reached the server
     rows = store.llm_calls(run_id)
     assert [r["ok"] for r in rows] == [True, False]
     assert rows[1]["purpose"] == "evaluate.judge" and rows[1]["error"].startswith("refused")
-    assert store.llm_dollars(run_id) == pytest.approx(PROMPT_WORDS + 2)
+    assert store.llm_dollars(run_id) == pytest.approx(cost) and cost <= ledger.budget_dollars
     # a resumed run starts from the store's spend, not from a fresh budget
-    assert Ledger(store, run_id, budget_dollars=100.0).spent_dollars == pytest.approx(PROMPT_WORDS + 2)
+    assert Ledger(store, run_id, budget_dollars=100.0).spent_dollars == pytest.approx(cost)
 
 
 def test_zero_budget_sends_nothing():
@@ -203,16 +207,17 @@ def test_zero_budget_sends_nothing():
         assert srv.requests == []
 
 
-def test_unknown_price_records_tokens_and_does_not_spend_budget(store, run_id):
+def test_unknown_price_records_tokens_against_the_token_budget(store, run_id):
     with FakeOpenAIServer([answer("local-llama", "w " * 7, times=2)]) as srv:
         ledger = Ledger(store, run_id, budget_dollars=0.01)
         client = ledger.wrap(make_client(srv))
         client.complete(MSGS, purpose="a")
-        client.complete(MSGS, purpose="b")  # not refused: unknown price counts 0 dollars
+        client.complete(MSGS, purpose="b")  # not refused: within the default token budget
     rows = store.llm_calls(run_id)
     assert [r["dollars"] for r in rows] == [None, None]
     assert [r["completion_tokens"] for r in rows] == [7, 7]
     assert ledger.spent_dollars == 0 and ledger.totals()["prompt_tokens"] == 2 * PROMPT_WORDS
+    assert ledger.spent_tokens == ledger.totals()["unpriced_tokens"] == 2 * (PROMPT_WORDS + 7)
 
 
 def test_record_then_replay_without_the_server(tmp_path):

@@ -163,6 +163,17 @@ def test_analysis_and_timeline_views():
     assert [(b.name, list(b.base), list(b.x)) for b in t.fig.data] == [("gemm", [0.0], [5.0]), ("put", [1.0], [2.0])]
 
 
+def test_timeline_labels_are_escaped():
+    # rank and stream come from the rank processes' profile, i.e. from a candidate: never markup in the plot
+    xss = '<img src=x onerror="alert(1)">'
+    t = TimelineView([{"rank": xss, "stream": "<b>7</b>", "name": f"<script>{xss}</script>", "start_us": 1.0,
+                       "dur_us": 2.0}])
+    (bar,) = t.fig.data
+    shown = " ".join([*map(str, bar.y), bar.name, *map(str, bar.hovertext)])
+    assert "<" not in shown and ">" not in shown
+    assert "&lt;img src=x onerror=&quot;alert(1)&quot;&gt;" in bar.y[0] and "&lt;b&gt;7&lt;/b&gt;" in bar.y[0]
+
+
 class _FakeEvaluator:
     """Typed fake of the Evaluator protocol: reports progress, then waits for the test to release it."""
 
