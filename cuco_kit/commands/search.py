@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         bar.close()
+        store.close()
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2, sort_keys=True))
     else:
