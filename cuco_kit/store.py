@@ -30,8 +30,9 @@ fails SQLite's quick_check is refused with one line and left as it was, byte for
 next to it. A statement that meets a damaged page later raises :class:`StoreError` (one line), not SQLite's error.
 
 One owner: a search drives its runs as the database's owner (:meth:`Store.acquire_owner`): an OS file lock
-(flock) on ``<path>.lock``, which names the owner's pid and host for the refusal a second search gets. The kernel
-drops the lock when the owner dies, even by kill -9, so a resume is never blocked by a dead owner. Read-only
+(flock) on ``<path>.lock``, which names the owner's pid and host for the refusal a second search gets, and is
+removed when the owner lets go. The kernel drops the lock when the owner dies, even by kill -9, so a resume is
+never blocked by a dead owner (its file, left behind, is taken over). Read-only
 Stores (dashboards, reports) need no lock and may look while the owner writes.
 
 Threads: one connection guarded by a re-entrant lock, so one writer thread and any number of reader threads may
@@ -40,6 +41,7 @@ running search) open their own ``Store``; WAL lets them read while the search wr
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -523,6 +525,16 @@ def _inspect(path: Path, *, pages: bool) -> None:
                          "restore it from a copy, or point --db at a new file") from None
 
 
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
 def _owner_of(lock: Path, path: str) -> str:
     """The one-line refusal naming the process that owns ``path`` (from its lock file)."""
     try:
@@ -699,31 +711,43 @@ class Store:
             if self.path == ":memory:":
                 self._owner_fd = -1  # private to this Store: nobody else can write it
                 return
-            lock = Path(self.path + ".lock")
-            try:
-                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as e:
-                raise StoreError(f"store {self.path}: cannot create its lock file {lock} ({e.strerror}); the "
-                                 "folder must be writable") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "what": what}
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
-            except BlockingIOError:
-                os.close(fd)
-                raise StoreError(_owner_of(lock, self.path)) from None
-            except OSError as e:
-                os.close(fd)
-                raise StoreError(f"store {self.path}: cannot lock {lock} ({e.strerror})") from None
+            lock = self._lock_path()
+            while True:
+                try:
+                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as e:
+                    raise StoreError(f"store {self.path}: cannot create its lock file {lock} ({e.strerror}); the "
+                                     "folder must be writable") from None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if _same_file(fd, lock):
+                        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                                "what": what}
+                        os.ftruncate(fd, 0)
+                        os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
+                        break
+                    os.close(fd)  # the owner before us removed it as we opened it: lock the one there now
+                except BlockingIOError:
+                    os.close(fd)
+                    raise StoreError(_owner_of(lock, self.path)) from None
+                except OSError as e:
+                    os.close(fd)
+                    raise StoreError(f"store {self.path}: cannot lock {lock} ({e.strerror})") from None
             self._owner_fd = fd
 
     def release_owner(self) -> None:
         """Stop owning the database (nothing happens if this Store does not own it)."""
         with self._lock:
             fd, self._owner_fd = self._owner_fd, None
-        if fd is not None and fd >= 0:
-            os.close(fd)  # releases the flock; the file stays (removing it would race with a waiting opener)
+            if fd is None or fd < 0:
+                return
+            # Removed while still locked (an opener checks it locked the file that is there), then unlocked.
+            with contextlib.suppress(OSError):
+                os.unlink(self._lock_path())
+            os.close(fd)
+
+    def _lock_path(self) -> Path:
+        return Path(self.path + ".lock")
 
     def _one(self, table: str, row_id: int, what: str) -> sqlite3.Row:
         rows = self._rows(f"SELECT * FROM {table} WHERE id = ?", (row_id,))

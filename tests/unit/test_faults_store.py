@@ -175,13 +175,18 @@ def test_one_owner_at_a_time_and_kill_9_frees_it(tmp_path: Path) -> None:
         if holder.poll() is None:
             holder.kill()
     assert holder.returncode == -signal.SIGKILL
+    lock = Path(f"{db}.lock")
+    assert str(holder.pid) in lock.read_text()  # left behind by the dead owner, still naming it
     first = Store(db)
     first.acquire_owner()  # the kernel dropped the dead owner's lock
+    assert str(os.getpid()) in lock.read_text()
     with Store(db) as other, pytest.raises(StoreError, match="another search in this process"):
         other.acquire_owner()
     with pytest.raises(StoreError, match="already owned through this Store"):
         first.acquire_owner()
     first.close()  # closing releases it
+    assert not lock.exists()  # removed by the owner that let go
     with Store(db) as again:
         again.acquire_owner()
         again.release_owner()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]
