@@ -41,8 +41,10 @@ Pause = tuple[str, int]  # (store method or "any", n): stop before the n-th such
 
 
 def _engine(wl: Path, store: Store) -> SearchEngine:
-    cfg = SearchConfig(seed=7, proposals_per_generation=3, budget=BudgetConfig(generations=GENERATIONS),
-                       islands=IslandConfig(islands=2, migration_interval=2))
+    # 10 evaluations are started before the last round: an evaluation budget of 11 lets it run only when the
+    # interrupted evaluations a kill leaves behind are not counted (their re-runs are).
+    cfg = SearchConfig(seed=7, proposals_per_generation=3, islands=IslandConfig(islands=2, migration_interval=2),
+                       budget=BudgetConfig(generations=GENERATIONS, evaluations=11))
     return SearchEngine(wl, store, SimulatedEvaluator(seed=4), [DesignSpaceSource()], cfg)
 
 
