@@ -552,21 +552,24 @@ class SearchEngine:
         ``generation``. The batch is stored in one transaction with the run's "round" metadata (the last round
         whose proposals are stored, and the labels of every proposal waiting for the gate)."""
         seen: set[str] = set()
+        checked: list[tuple[Proposal, int, NoveltyVerdict]] = []
+        for prop, island in batch:
+            h = code_hash(prop.code)
+            if h in seen or self.store.find_program_by_hash(self._rid, h) is not None:
+                self.counters["duplicates_skipped"] += 1
+                log.debug("proposal %r repeats a program already in the run; skipped", prop.name)
+                continue
+            seen.add(h)
+            _, cell = cell_of(prop.code, self.config.backend, self.config.cell_features)
+            # Checked before the transaction: an embedding call must not hold the store's readers up.
+            checked.append((prop, island, self.novelty.check(prop.code, cell, prop.source, self.population)))
         stored: list[tuple[int, Proposal, NoveltyVerdict]] = []
         with self.store.transaction():
-            for prop, island in batch:
-                h = code_hash(prop.code)
-                if h in seen or self.store.find_program_by_hash(self._rid, h) is not None:
-                    self.counters["duplicates_skipped"] += 1
-                    log.debug("proposal %r repeats a program already in the run; skipped", prop.name)
-                    continue
-                seen.add(h)
+            for prop, island, verdict in checked:
                 pid = self.store.add_proposal(run_id=self._rid, parent_id=prop.parent_id, source=prop.source,
                                               name=prop.name, rationale=prop.rationale, diff=prop.diff,
                                               code=prop.code, tags=prop.tags,
                                               second_parent_id=prop.second_parent_id)
-                _, cell = cell_of(prop.code, self.config.backend, self.config.cell_features)
-                verdict = self.novelty.check(prop.code, cell, prop.source, self.population)
                 if verdict.novel:
                     self._proposal_info[pid] = (generation, island)
                 else:
