@@ -143,11 +143,14 @@ def test_db_in_a_missing_folder_is_refused_before_any_evaluation(tmp_path: Path,
 
 
 HOLDER = textwrap.dedent("""
-    import sys, time
+    import subprocess, sys, time
     from cuco_kit.store import Store
     st = Store(sys.argv[1])
     st.acquire_owner("test holder")
-    print("owned", flush=True)
+    # A child that outlives the owner (a rank process, say) must not keep the lock: even with close_fds=False
+    # the lock's descriptor is not inherited.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], close_fds=False)
+    print(child.pid, flush=True)
     time.sleep(120)
 """)
 
@@ -158,8 +161,10 @@ def test_one_owner_at_a_time_and_kill_9_frees_it(tmp_path: Path) -> None:
         rid = s.create_run(workload="w", config={})
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], cwd=ROOT, stdout=subprocess.PIPE,
                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    grandchild = 0
     try:
-        assert holder.stdout is not None and holder.stdout.readline() == b"owned\n"
+        assert holder.stdout is not None
+        grandchild = int(holder.stdout.readline())
         with Store(db) as second:
             with pytest.raises(StoreError) as err:
                 second.acquire_owner()
@@ -171,14 +176,17 @@ def test_one_owner_at_a_time_and_kill_9_frees_it(tmp_path: Path) -> None:
             assert ro.run(rid)["workload"] == "w"
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
+        assert holder.returncode == -signal.SIGKILL
+        lock = Path(f"{db}.lock")
+        assert str(holder.pid) in lock.read_text()  # left behind by the dead owner, still naming it
+        first = Store(db)
+        first.acquire_owner()  # the kernel dropped the dead owner's lock, though its child still runs
+        os.kill(grandchild, 0)
     finally:
         if holder.poll() is None:
             holder.kill()
-    assert holder.returncode == -signal.SIGKILL
-    lock = Path(f"{db}.lock")
-    assert str(holder.pid) in lock.read_text()  # left behind by the dead owner, still naming it
-    first = Store(db)
-    first.acquire_owner()  # the kernel dropped the dead owner's lock
+        if grandchild:
+            os.kill(grandchild, signal.SIGKILL)
     assert str(os.getpid()) in lock.read_text()
     with Store(db) as other, pytest.raises(StoreError, match="another search in this process"):
         other.acquire_owner()
