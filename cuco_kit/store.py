@@ -541,14 +541,13 @@ def _owner_of(lock: Path, path: str) -> str:
         info = json.loads(lock.read_text(encoding="utf-8") or "{}")
     except (OSError, ValueError):
         info = {}
-    pid, host = info.get("pid", "unknown"), info.get("host", "unknown")
-    who = (f"another search in this process (pid {pid})" if pid == os.getpid() and host == socket.gethostname()
-           else f"pid {pid} on host {host}")
+    pid, host, what = info.get("pid", "unknown"), info.get("host", "unknown"), info.get("what", "search")
+    who = (f"another {what} in this process (pid {pid})" if pid == os.getpid() and host == socket.gethostname()
+           else f"pid {pid} on host {host}, running a {what}")
     since = info.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    what = info.get("what", "search")
-    return (f"store {path} is in use by {who} (a {what} since {when}); one search at a time per database: wait for "
-            "it to end or stop it, or look at it read-only (Store(path, readonly=True), or a notebook dashboard)")
+    return (f"store {path} is in use by {who} since {when}; one search at a time per database: wait for it to end "
+            "or stop it, or look at it read-only (Store(path, readonly=True), or a notebook dashboard)")
 
 
 class Store:
