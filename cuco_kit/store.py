@@ -24,14 +24,29 @@ Provenance (table ``evaluations``)
     ``per_rank_median_ms`` and ``iteration_ms`` (JSON lists); ``logs`` is a JSON dict of log tails; ``result``
     keeps the whole ``EvalResult.to_dict()`` so fields added later are not lost.
 
+Refused files: an existing file is inspected before any connection can change it (a writable connection switches
+it to WAL at once): one that is not SQLite, holds foreign tables, has a newer schema or -- opened for writing --
+fails SQLite's quick_check is refused with one line and left as it was, byte for byte, with no -wal or -shm file
+next to it. A statement that meets a damaged page later raises :class:`StoreError` (one line), not SQLite's error.
+
+One owner: a search drives its runs as the database's owner (:meth:`Store.acquire_owner`): an OS file lock
+(flock) on ``<path>.lock``, which names the owner's pid and host for the refusal a second search gets, and is
+removed when the owner lets go. The kernel drops the lock when the owner dies, even by kill -9, so a resume is
+never blocked by a dead owner (its file, left behind, is taken over). Read-only
+Stores (dashboards, reports) need no lock and may look while the owner writes.
+
 Threads: one connection guarded by a re-entrant lock, so one writer thread and any number of reader threads may
-share a ``Store``. Other processes (a CLI looking at a running search) open their own ``Store``; WAL lets them
-read while the search writes.
+share a ``Store``; :meth:`Store.transaction` groups writes into one commit. Other processes (a CLI looking at a
+running search) open their own ``Store``; WAL lets them read while the search writes.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import os
+import socket
 import sqlite3
 import threading
 import time
@@ -442,6 +457,99 @@ def _json(value: Any, what: str) -> str:
         raise BadInput(f"{what} must be JSON-serialisable (plain dicts, lists, str, numbers): {e}") from None
 
 
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def _file_version(conn: sqlite3.Connection, path: str) -> int:
+    """The schema version of the file behind ``conn``; 0 for an empty file or the v0 layout."""
+    tables = _tables(conn)
+    if "schema_version" in tables:
+        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
+    if tables and not tables & set(_V0_TABLES):
+        raise StoreError(f"store {path} holds tables {sorted(tables)} but none of a cuco store; "
+                         "point --db at a new file or a cuco database")
+    return 0
+
+
+def _newer(path: str, version: int) -> StoreError:
+    return StoreError(f"store {path} has schema v{version}, newer than this cuco_kit (v{SCHEMA_VERSION}); "
+                      "upgrade cuco_kit to open it")
+
+
+def _read_version(path: Path, *, immutable: bool, pages: bool) -> int:
+    # immutable=1 reads the main file alone and creates nothing (mode=ro on a WAL file would leave -wal and -shm
+    # files behind); it is only right while no connection has the file open, i.e. while it has no -wal file.
+    uri = path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
+    conn = sqlite3.connect(uri, uri=True, timeout=30.0)
+    try:
+        version = _file_version(conn, str(path))
+        if version > SCHEMA_VERSION:
+            raise _newer(str(path), version)
+        if pages:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise StoreError(f"store {path} is damaged (SQLite's check: {problems[0]}"
+                                 f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}); restore it "
+                                 "from a copy, or point --db at a new file")
+        return version
+    finally:
+        conn.close()
+
+
+def _inspect(path: Path, *, pages: bool) -> None:
+    """Refuse an existing file this code must not open -- not SQLite, a foreign layout, a newer schema, damaged
+    pages (``pages``: PRAGMA quick_check) -- before anything touches it: a refused file keeps its bytes and mtime,
+    and no -wal or -shm file is left next to it."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(len(_SQLITE_MAGIC))
+    except OSError as e:
+        raise StoreError(f"store {path} cannot be read ({e.strerror}); point --db at a readable file") from None
+    if not head:
+        return  # an empty file is a new store
+    if head != _SQLITE_MAGIC:
+        raise StoreError(f"store {path} cannot be opened as SQLite (it is not a SQLite file); "
+                         "is it a cuco database?")
+    wal = Path(f"{path}-wal")
+    try:
+        try:
+            _read_version(path, immutable=not wal.exists(), pages=pages)
+        except sqlite3.DatabaseError:
+            if not wal.exists():
+                raise
+            # A writer opened it while the main file was read alone: read it again, through its WAL.
+            _read_version(path, immutable=False, pages=pages)
+    except sqlite3.DatabaseError as e:
+        raise StoreError(f"store {path} cannot be opened as SQLite ({e}); if it is a damaged cuco database, "
+                         "restore it from a copy, or point --db at a new file") from None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    own = os.fstat(fd)
+    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _owner_of(lock: Path, path: str) -> str:
+    """The one-line refusal naming the process that owns ``path`` (from its lock file)."""
+    try:
+        info = json.loads(lock.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        info = {}
+    pid, host, what = info.get("pid", "unknown"), info.get("host", "unknown"), info.get("what", "search")
+    who = (f"another {what} in this process (pid {pid})" if pid == os.getpid() and host == socket.gethostname()
+           else f"pid {pid} on host {host}, running a {what}")
+    since = info.get("since")
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
+    return (f"store {path} is in use by {who} since {when}; one search at a time per database: wait for it to end "
+            "or stop it, or look at it read-only (Store(path, readonly=True), or a notebook dashboard)")
+
+
 class Store:
     """The run database. ``Store(":memory:")`` gives a private in-memory store (tests, smoke runs)."""
 
@@ -449,6 +557,8 @@ class Store:
         self.path = str(path)
         self.readonly = readonly
         self._lock = threading.RLock()
+        self._depth = 0  # open transactions (transaction() and the write methods' own nest into one)
+        self._owner_fd: int | None = None  # the lock file, while this Store owns the database
         memory = self.path == ":memory:"
         if readonly and memory:
             raise BadInput("a read-only store needs a file: ':memory:' would always be empty")
@@ -458,6 +568,9 @@ class Store:
                 raise StoreError(f"store {self.path} does not exist; nothing to open read-only")
             if not readonly and not p.parent.exists():
                 raise BadInput(f"folder {p.parent} for store {self.path} does not exist; create it first")
+            if p.is_file():
+                # Before any connection: switching a refused file to WAL would already have changed it.
+                _inspect(p, pages=not readonly)
         try:
             if readonly:
                 uri = Path(self.path).resolve().as_uri() + "?mode=ro"
@@ -487,21 +600,10 @@ class Store:
 
     # ---- schema -------------------------------------------------------------------------------------------
 
-    def _file_version(self) -> int:
-        tables = _tables(self._conn)
-        if "schema_version" in tables:
-            row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-            return int(row[0] or 0)
-        if tables and not tables & set(_V0_TABLES):
-            raise StoreError(f"store {self.path} holds tables {sorted(tables)} but none of a cuco store; "
-                             "point --db at a new file or a cuco database")
-        return 0
-
     def _open_schema(self) -> None:
-        version = self._file_version()
+        version = _file_version(self._conn, self.path)
         if version > SCHEMA_VERSION:
-            raise StoreError(f"store {self.path} has schema v{version}, newer than this cuco_kit (v{SCHEMA_VERSION});"
-                             " upgrade cuco_kit to open it")
+            raise _newer(self.path, version)
         if version == SCHEMA_VERSION:
             return
         if self.readonly:
@@ -511,7 +613,7 @@ class Store:
             # IMMEDIATE takes the write lock first, so two processes opening a fresh file migrate it once.
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                version = self._file_version()
+                version = _file_version(self._conn, self.path)
                 if version >= SCHEMA_VERSION:
                     self._conn.execute("COMMIT")
                     return
@@ -534,7 +636,7 @@ class Store:
 
     def schema_version(self) -> int:
         with self._lock:
-            return self._file_version()
+            return _file_version(self._conn, self.path)
 
     def journal_mode(self) -> str:
         with self._lock:
@@ -544,6 +646,7 @@ class Store:
 
     def close(self) -> None:
         with self._lock:
+            self.release_owner()
             self._conn.close()
 
     def __enter__(self) -> Store:
@@ -552,24 +655,98 @@ class Store:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _failed(self, e: sqlite3.DatabaseError) -> Exception:
+        """What a failed statement means for the user, as one line; a ProgrammingError (a mistake in this code, or
+        a closed Store) stays what it is."""
+        if isinstance(e, sqlite3.ProgrammingError):
+            return e
+        if isinstance(e, sqlite3.IntegrityError):
+            return BadInput(f"store {self.path}: {e} (an id that does not exist?)")
+        return StoreError(f"store {self.path} cannot be used ({e}); if the file is damaged, restore it from a copy, "
+                          "or point --db at a new file")
+
     def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
-            return self._conn.execute(sql, args).fetchall()
+            try:
+                return self._conn.execute(sql, args).fetchall()
+            except sqlite3.DatabaseError as e:
+                raise self._failed(e) from None
 
     def _write(self, sql: str, args: Sequence[Any] = ()) -> int:
-        """One statement, committed at once (autocommit). Returns lastrowid."""
+        """One statement, committed at once (autocommit; inside :meth:`transaction`, part of it). Returns
+        lastrowid."""
         if self.readonly:
             raise StoreError(f"store {self.path} was opened read-only; open it with readonly=False to write")
         with self._lock:
             try:
                 return int(self._conn.execute(sql, args).lastrowid or 0)
-            except sqlite3.IntegrityError as e:
-                raise BadInput(f"store {self.path}: {e} (an id that does not exist?)") from None
+            except sqlite3.DatabaseError as e:
+                raise self._failed(e) from None
 
     def _tx(self) -> _Tx:
         if self.readonly:
             raise StoreError(f"store {self.path} was opened read-only; open it with readonly=False to write")
         return _Tx(self)
+
+    def transaction(self) -> _Tx:
+        """``with store.transaction():`` -- the write calls inside commit together: after a kill, all of them are
+        in the file or none is. Other threads' calls wait until it ends."""
+        return self._tx()
+
+    # ---- ownership ----------------------------------------------------------------------------------------
+
+    def acquire_owner(self, what: str = "search") -> None:
+        """Make this Store the database's owner -- the one search driving runs in it -- until
+        :meth:`release_owner` (or ``close()``). The lock is an OS file lock (flock) on ``<path>.lock``, so the
+        kernel drops it when the owning process dies, even by kill -9; the file names the owner (pid, host,
+        since). Raises :class:`StoreError` naming the owner when another process, or another Store of this one,
+        holds it. Read-only Stores never need it."""
+        if self.readonly:
+            raise StoreError(f"store {self.path} was opened read-only; open it with readonly=False to write")
+        with self._lock:
+            if self._owner_fd is not None:
+                raise StoreError(f"store {self.path} is already owned through this Store (another search on it is "
+                                 "running); stop that one first")
+            if self.path == ":memory:":
+                self._owner_fd = -1  # private to this Store: nobody else can write it
+                return
+            lock = self._lock_path()
+            while True:
+                try:
+                    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as e:
+                    raise StoreError(f"store {self.path}: cannot create its lock file {lock} ({e.strerror}); the "
+                                     "folder must be writable") from None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    if _same_file(fd, lock):
+                        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                                "what": what}
+                        os.ftruncate(fd, 0)
+                        os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
+                        break
+                    os.close(fd)  # the owner before us removed it as we opened it: lock the one there now
+                except BlockingIOError:
+                    os.close(fd)
+                    raise StoreError(_owner_of(lock, self.path)) from None
+                except OSError as e:
+                    os.close(fd)
+                    raise StoreError(f"store {self.path}: cannot lock {lock} ({e.strerror})") from None
+            self._owner_fd = fd
+
+    def release_owner(self) -> None:
+        """Stop owning the database (nothing happens if this Store does not own it)."""
+        with self._lock:
+            fd, self._owner_fd = self._owner_fd, None
+            if fd is None or fd < 0:
+                return
+            # Removed while still locked (an opener checks it locked the file that is there), then unlocked.
+            with contextlib.suppress(OSError):
+                os.unlink(self._lock_path())
+            os.close(fd)
+
+    def _lock_path(self) -> Path:
+        return Path(self.path + ".lock")
 
     def _one(self, table: str, row_id: int, what: str) -> sqlite3.Row:
         rows = self._rows(f"SELECT * FROM {table} WHERE id = ?", (row_id,))
@@ -824,33 +1001,42 @@ class Store:
 
 
 class _Tx:
-    """A multi-statement write as one committed transaction, under the store's lock."""
+    """A multi-statement write as one committed transaction, under the store's lock. Nested ones join the
+    outermost, which commits (or rolls back) them all."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
 
     def __enter__(self) -> sqlite3.Connection:
-        self._store._lock.acquire()
-        try:
-            self._store._conn.execute("BEGIN IMMEDIATE")
-        except BaseException:
-            self._store._lock.release()
-            raise
-        return self._store._conn
+        st = self._store
+        st._lock.acquire()
+        if st._depth == 0:
+            try:
+                st._conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.DatabaseError as e:
+                st._lock.release()
+                raise st._failed(e) from None
+            except BaseException:
+                st._lock.release()
+                raise
+        st._depth += 1
+        return st._conn
 
     def __exit__(self, exc_type: type | None, exc: BaseException | None, tb: object) -> None:
+        st = self._store
+        st._depth -= 1
         try:
-            if exc_type is None:
-                try:
-                    self._store._conn.execute("COMMIT")
-                except sqlite3.IntegrityError as e:
-                    if self._store._conn.in_transaction:
-                        self._store._conn.execute("ROLLBACK")
-                    raise BadInput(f"store {self._store.path}: {e} (an id that does not exist?)") from None
-            else:
-                if self._store._conn.in_transaction:
-                    self._store._conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.IntegrityError):
-                    raise BadInput(f"store {self._store.path}: {exc} (an id that does not exist?)") from None
+            if st._depth == 0:
+                if exc_type is None:
+                    try:
+                        st._conn.execute("COMMIT")
+                    except sqlite3.DatabaseError as e:
+                        if st._conn.in_transaction:
+                            st._conn.execute("ROLLBACK")
+                        raise st._failed(e) from None
+                elif st._conn.in_transaction:
+                    st._conn.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise st._failed(exc) from None
         finally:
-            self._store._lock.release()
+            st._lock.release()

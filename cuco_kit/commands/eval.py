@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
     wl = load_workload(args.workload)
     params = parse_overrides(args.size)
     wl.check(params, args.ranks)
+    if args.db:
+        Store(args.db).close()  # a --db it cannot store into is refused now, not after the evaluation
     req = EvalRequest(candidate_code=code, workload_dir=str(Path(args.workload).resolve()), params=params,
                       world_size=args.ranks, backend=args.backend, iters=args.iters, label=Path(args.candidate).name)
     bar = tqdm(total=len(LEVELS), unit="level", desc=Path(args.candidate).name, file=sys.stderr, leave=False,

@@ -193,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     finally:
         bar.close()
+        store.close()
     if llm is not None and engine.ledger is not None:
         failed = _llm_failed(engine, breaker, llm.base_url or "")
         if failed is not None:

@@ -21,7 +21,9 @@ class BudgetConfig:
     wall_s: float | None = None  # None: no limit
     llm_dollars: float | None = None
     llm_tokens: int | None = None  # tokens of LLM calls at unknown price (None: the ledger's default)
-    evaluations: int | None = None  # evaluations started by the search (seed and baseline included)
+    # Evaluations started by the search, seed and baseline included; one a kill interrupted does not count (its
+    # re-run does), so a resumed run stops where an uninterrupted one would.
+    evaluations: int | None = None
 
     def __post_init__(self) -> None:
         if self.generations < 0:
@@ -49,7 +51,7 @@ class BudgetTracker:
         return float(self.store.llm_dollars(self.run_id))
 
     def evaluations_used(self) -> int:
-        return len(self.store.evaluations(run_id=self.run_id))
+        return sum(e["status"] != "interrupted" for e in self.store.evaluations(run_id=self.run_id))
 
     def exhausted(self, generations_done: int) -> str | None:
         """Why the run must stop proposing (None while there is budget left)."""

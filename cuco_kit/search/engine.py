@@ -9,13 +9,23 @@ them, and the generation ends with migration, phase switching and, now and then,
 
 Reproducibility: each round draws from ``Random(f"{seed}/{generation}")`` and sees only results committed in
 earlier rounds, so with a deterministic evaluator (simulated or replayed) the same seed gives the same programs,
-in the same order, even across a kill and resume.
+in the same order, even across any number of kills and resumes.
+
+One owner: a search owns its database (``Store.acquire_owner``, an OS file lock the kernel drops when the
+process dies) from set-up until ``run()`` returns, before it reads anything to resume from. A second search on
+the same file, in another process or this one, is refused with the owner's pid and host; read-only Stores
+(dashboards) may look at any time.
 
 Resume (also after kill -9): the store is the record. In-flight evaluations are marked interrupted
 (``store.mark_interrupted``) and their programs evaluated again (the new request carries ``rerun_of``); programs
-stored but never evaluated are evaluated; proposals still pending go back to the gate; the round counter,
-phase, migrations and meta-summary come from the run's ``state`` metadata, written in one row at the end of each
-round. A committed evaluation is never repeated.
+stored but never evaluated are evaluated; a root missing (a kill between seed and baseline) is added. A round's
+proposals are stored in one transaction together with the run's ``round`` metadata (the round's generation and
+the generation and island of every proposal waiting for the gate), so a kill leaves all of them or none: none,
+and the round is proposed again, the same way; all, and the pending ones go back to the gate with their own
+labels. An approved proposal's program and its decision are stored together too. The round counter, phase,
+migrations and meta-summary come from the run's ``state`` metadata, written in one row at the end of each round;
+a round whose proposals are stored but whose end is not is finished first. A committed evaluation is never
+repeated.
 
 Threads: ``run()`` blocks (the CLI); ``start()`` runs the same loop in a worker thread and returns at once
 (notebooks). ``pause()``, ``resume()``, ``stop()``, ``gate.decide(...)`` and ``submit_human(...)`` may be called
@@ -46,7 +56,7 @@ from cuco_kit.search.executor import Executor, PoolExecutor, error_result
 from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.human import HumanEdit, HumanSource
 from cuco_kit.search.meta import MetaSummarizer
-from cuco_kit.search.novelty import NoveltyFilter
+from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict
 from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
@@ -134,12 +144,14 @@ class SearchEngine:
         self._running.set()
         self._thread: threading.Thread | None = None
         self._setup_done = False
+        self._owner = False  # this engine holds the store's owner lock
         self._gen_done = 0
         self._migrations: list[dict] = []
         self._meta_summary = ""
         self._wall_before = 0.0
         self._llm_out = False
-        self._proposal_info: dict[int, tuple[int, int]] = {}  # proposal id -> (generation, island)
+        self._proposal_info: dict[int, tuple[int, int]] = {}  # waiting proposal id -> (generation, island)
+        self._admitted = 0  # the last generation whose proposals are stored
         self._ready: list[int] = []  # program ids approved and stored, waiting for evaluation
         self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
         self._best: float | None = None
@@ -165,6 +177,7 @@ class SearchEngine:
             raise
         finally:
             self.executor.shutdown(wait=True)
+            self._disown()
         return self.summary()
 
     def start(self) -> threading.Thread:
@@ -172,8 +185,12 @@ class SearchEngine:
         if self._thread is not None and self._thread.is_alive():
             raise BadInput("this search is already running; stop() it first")
         # Set up here, not in the thread: run_id exists when this returns (a dashboard binds to it) and a bad
-        # workload is reported in the calling cell.
-        self._setup()
+        # workload, or a database another search owns, is reported in the calling cell.
+        try:
+            self._setup()
+        except BaseException:
+            self._disown()
+            raise
 
         def target() -> None:
             try:
@@ -245,6 +262,9 @@ class SearchEngine:
         if not self.workload.baseline:
             raise BadInput(f"workload {self.workload.name}: no baseline (the device-initiated program with the "
                            "knob block) to start the search from; set Workload.baseline")
+        if not self._owner:
+            self.store.acquire_owner("search")  # before reading what to resume: it must not change under us
+            self._owner = True
         self.run_id = self._find_or_create_run()
         self._load_state()
         # The ledger's budget is per database: what earlier runs in this store spent counts too.
@@ -264,6 +284,11 @@ class SearchEngine:
             self._add_roots()
         self._restore_pending()
         self._setup_done = True
+
+    def _disown(self) -> None:
+        if self._owner:
+            self._owner = False
+            self.store.release_owner()
 
     def _find_or_create_run(self) -> int:
         cfg = self.config
@@ -297,6 +322,10 @@ class SearchEngine:
         self.archive = Archive.rebuild(self.population)
         best = self.population.best()
         self._best = best.fitness if best else None
+        rnd = self.store.get_meta(rid, "round")
+        # A file from before the "round" metadata: its newest program tells the round it was in.
+        self._admitted = int(rnd["generation"]) if rnd else max((p.generation for p in self.population.all()),
+                                                                default=0)
         if interrupted:
             evs = {e["id"]: e for e in self.store.evaluations(run_id=rid)}
             for eid in interrupted:
@@ -324,7 +353,10 @@ class SearchEngine:
             roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))
         assert wl.baseline is not None  # _setup refuses a workload without one
         roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
+        stored = {p.source for p in self.population.all()}
         for source, name, code in roots:
+            if source in stored:
+                continue  # a kill came between storing the seed and the baseline
             knobs, cell = cell_of(code, cfg.backend, cfg.cell_features)
             pid = self.store.add_program(run_id=rid, code=code, parent_id=None, source=source, name=name,
                                          rationale=f"the workload's {name}", tags=[source], knobs=knobs, cell=cell,
@@ -333,12 +365,16 @@ class SearchEngine:
             self._ready.append(pid)
 
     def _restore_pending(self) -> None:
+        """Proposals waiting when the run stopped go back to the gate, with the labels they were stored with."""
+        labels = (self.store.get_meta(self._rid, "round") or {}).get("pending", {})
         for row in self.store.proposals(self._rid, "pending"):
             prop = Proposal(name=row["name"], rationale=row["rationale"], diff=row["diff"], tags=row["tags"],
                             source=row["source"], parent_id=row["parent_id"], code=row["code"],
                             second_parent_id=row.get("second_parent_id"))
             parent = self.population.get(prop.parent_id)
-            self._proposal_info[row["id"]] = (self._gen_done, parent.island if parent else 0)
+            # Without a label (a file from before them): the next generation, on the parent's island.
+            generation, island = labels.get(str(row["id"]), (self._gen_done + 1, parent.island if parent else 0))
+            self._proposal_info[row["id"]] = (int(generation), int(island))
             self.gate.restore(row["id"], prop)
 
     # ------------------------------------------------------------------------------------------- loop
@@ -468,9 +504,7 @@ class SearchEngine:
                 self._log(f"LLM budget spent: {exc}", "warning")
                 continue
             proposals.extend((p, g.island) for p in got[:g.n])
-        seen: set[str] = set()
-        for prop, island in proposals:
-            self._admit(prop, generation, island, seen)
+        self._admit(proposals, generation, round_generation=generation)
         self._drain_gate()
         self._evaluate_ready()
         self._end_round(generation)
@@ -505,61 +539,81 @@ class SearchEngine:
         ctx = ProposalContext(run_id=self._rid, generation=self._gen_done + 1, island=best.island, parent=best,
                               population=self.population, phase=self.phase.settings,
                               rng=random.Random(0), kind="human", seed=self.config.seed)
+        batch = []
         for prop in self.human.propose(ctx):
             parent = self.population.get(prop.parent_id)
-            self._admit(prop, self._gen_done + 1, parent.island if parent else 0, set())
+            batch.append((prop, parent.island if parent else 0))
+        self._admit(batch, self._gen_done + 1, round_generation=self._admitted)
         for err in getattr(self.human, "errors", []):
             self._log(err, "warning")
 
-    def _admit(self, prop: Proposal, generation: int, island: int, seen: set[str]) -> None:
-        """Dedupe, store, filter for novelty, and hand to the gate."""
-        h = code_hash(prop.code)
-        if h in seen or self.store.find_program_by_hash(self._rid, h) is not None:
-            self.counters["duplicates_skipped"] += 1
-            log.debug("proposal %r repeats a program already in the run; skipped", prop.name)
-            return
-        seen.add(h)
-        pid = self.store.add_proposal(run_id=self._rid, parent_id=prop.parent_id, source=prop.source,
-                                      name=prop.name, rationale=prop.rationale, diff=prop.diff, code=prop.code,
-                                      tags=prop.tags, second_parent_id=prop.second_parent_id)
-        self._proposal_info[pid] = (generation, island)
-        self._emit("proposal", proposal_id=pid, name=prop.name, source=prop.source, parent_id=prop.parent_id,
-                   second_parent_id=prop.second_parent_id, tags=prop.tags, rationale=prop.rationale)
-        _, cell = cell_of(prop.code, self.config.backend, self.config.cell_features)
-        verdict = self.novelty.check(prop.code, cell, prop.source, self.population)
-        if not verdict.novel:
-            self.counters["novelty_rejected"] += 1
-            self.store.decide(pid, "rejected", by="novelty", note=verdict.reason())
-            self._emit("decision", proposal_id=pid, decision="rejected", by="novelty", note=verdict.reason())
-            return
-        self.gate.submit(pid, prop)
+    def _admit(self, batch: list[tuple[Proposal, int]], generation: int, *, round_generation: int) -> None:
+        """Dedupe, store, filter for novelty, and hand to the gate: a batch of (proposal, island), all labelled
+        ``generation``. The batch is stored in one transaction with the run's "round" metadata (the last round
+        whose proposals are stored, and the labels of every proposal waiting for the gate)."""
+        seen: set[str] = set()
+        checked: list[tuple[Proposal, int, NoveltyVerdict]] = []
+        for prop, island in batch:
+            h = code_hash(prop.code)
+            if h in seen or self.store.find_program_by_hash(self._rid, h) is not None:
+                self.counters["duplicates_skipped"] += 1
+                log.debug("proposal %r repeats a program already in the run; skipped", prop.name)
+                continue
+            seen.add(h)
+            _, cell = cell_of(prop.code, self.config.backend, self.config.cell_features)
+            # Checked before the transaction: an embedding call must not hold the store's readers up.
+            checked.append((prop, island, self.novelty.check(prop.code, cell, prop.source, self.population)))
+        stored: list[tuple[int, Proposal, NoveltyVerdict]] = []
+        with self.store.transaction():
+            for prop, island, verdict in checked:
+                pid = self.store.add_proposal(run_id=self._rid, parent_id=prop.parent_id, source=prop.source,
+                                              name=prop.name, rationale=prop.rationale, diff=prop.diff,
+                                              code=prop.code, tags=prop.tags,
+                                              second_parent_id=prop.second_parent_id)
+                if verdict.novel:
+                    self._proposal_info[pid] = (generation, island)
+                else:
+                    self.store.decide(pid, "rejected", by="novelty", note=verdict.reason())
+                stored.append((pid, prop, verdict))
+            self.store.put_meta(self._rid, "round", {
+                "generation": round_generation,
+                "pending": {str(k): list(v) for k, v in self._proposal_info.items()}})
+        self._admitted = round_generation
+        for pid, prop, verdict in stored:
+            self._emit("proposal", proposal_id=pid, name=prop.name, source=prop.source, parent_id=prop.parent_id,
+                       second_parent_id=prop.second_parent_id, tags=prop.tags, rationale=prop.rationale)
+            if verdict.novel:
+                self.gate.submit(pid, prop)
+            else:
+                self.counters["novelty_rejected"] += 1
+                self._emit("decision", proposal_id=pid, decision="rejected", by="novelty", note=verdict.reason())
 
     def _drain_gate(self) -> None:
         for d, prop in self.gate.drain():
+            generation, island = self._proposal_info.pop(d.proposal_id, (self._gen_done + 1, 0))
             if d.decision == "rejected":
                 self.store.decide(d.proposal_id, "rejected", by=d.by, note=d.note)
                 self._emit("decision", proposal_id=d.proposal_id, decision="rejected", by=d.by, note=d.note)
                 continue
             code = d.code if d.decision == "edited" and d.code is not None else prop.code
-            existing = self.store.find_program_by_hash(self._rid, code_hash(code))
-            if existing is not None:
-                # Same code as a program we have (e.g. a kill between storing it and recording the decision).
-                program_id = existing["id"]
-                if self.population.get(program_id) is None:
-                    self.population.add_row(existing)
-                    self._ready.append(program_id)
-            else:
-                generation, island = self._proposal_info.get(d.proposal_id, (self._gen_done + 1, 0))
-                knobs, cell = cell_of(code, self.config.backend, self.config.cell_features)
-                tags = list(prop.tags) + (["edited"] if d.decision == "edited" else [])
-                program_id = self.store.add_program(
-                    run_id=self._rid, code=code, parent_id=prop.parent_id, source=prop.source, name=prop.name,
-                    rationale=prop.rationale, tags=tags, knobs=knobs, cell=cell, island=island,
-                    generation=generation, second_parent_id=prop.second_parent_id)
+            # The program and the decision are stored together: a kill leaves the proposal pending, or decided
+            # with its program.
+            with self.store.transaction():
+                existing = self.store.find_program_by_hash(self._rid, code_hash(code))
+                if existing is not None:  # the same code as a program we have (two proposals that agree)
+                    program_id = existing["id"]
+                else:
+                    knobs, cell = cell_of(code, self.config.backend, self.config.cell_features)
+                    tags = list(prop.tags) + (["edited"] if d.decision == "edited" else [])
+                    program_id = self.store.add_program(
+                        run_id=self._rid, code=code, parent_id=prop.parent_id, source=prop.source,
+                        name=prop.name, rationale=prop.rationale, tags=tags, knobs=knobs, cell=cell,
+                        island=island, generation=generation, second_parent_id=prop.second_parent_id)
+                self.store.decide(d.proposal_id, d.decision, by=d.by, note=d.note,
+                                  code=d.code if d.decision == "edited" else None, program_id=program_id)
+            if self.population.get(program_id) is None:
                 self.population.add_row(self.store.program(program_id))
                 self._ready.append(program_id)
-            self.store.decide(d.proposal_id, d.decision, by=d.by, note=d.note,
-                              code=d.code if d.decision == "edited" else None, program_id=program_id)
             self._emit("decision", proposal_id=d.proposal_id, decision=d.decision, by=d.by, note=d.note,
                        program_id=program_id)
 
@@ -658,9 +712,8 @@ class SearchEngine:
 
     # ------------------------------------------------------------------------------------------- round end
     def _close_rounds(self) -> None:
-        """After a resume: finish the bookkeeping of rounds whose programs exist but whose end was not saved."""
-        top = max((p.generation for p in self.population.all()), default=0)
-        for g in range(self._gen_done + 1, top + 1):
+        """After a resume: finish the bookkeeping of rounds whose proposals are stored but whose end was not."""
+        for g in range(self._gen_done + 1, self._admitted + 1):
             self._end_round(g)
 
     def _end_round(self, generation: int) -> None:

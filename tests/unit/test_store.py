@@ -540,3 +540,21 @@ def test_readers_never_see_half_a_decision(tmp_path: Path) -> None:
         sys.setswitchinterval(old)
     s.close()
     assert bad == []
+
+
+def test_a_transaction_commits_all_of_its_writes_or_none(tmp_path: Path) -> None:
+    path = tmp_path / "tx.sqlite"
+    s = Store(path)
+    rid = s.create_run(workload="w", config={})
+    with pytest.raises(RuntimeError), s.transaction():
+        pid = s.add_proposal(run_id=rid, parent_id=None, source="human", name="p", rationale="", diff="", code="c")
+        s.decide(pid, "rejected", by="t")  # its own transaction joins this one
+        s.put_meta(rid, "k", 1)
+        raise RuntimeError("killed here")
+    assert s.proposals(rid) == [] and s.get_meta(rid, "k") is None
+    with s.transaction():
+        pid = s.add_proposal(run_id=rid, parent_id=None, source="human", name="p", rationale="", diff="", code="c")
+        s.decide(pid, "rejected", by="t")
+    with Store(path, readonly=True) as ro:
+        assert [p["status"] for p in ro.proposals(rid)] == ["rejected"] and len(ro.decisions(pid)) == 1
+    s.close()
