@@ -10,6 +10,9 @@ budget. Every client that shares one `Ledger` (the search's mutators and evaluat
 from the same budget. Calls already in flight when the budget is reached still finish, so the overshoot is at
 most the cost of the calls running at that moment. Calls to models with no known price count 0 dollars (a
 warning is logged once per model when a budget is set).
+
+Errors are redacted (redact.py) before they are kept or stored: whatever client raised them, no configured key
+and nothing shaped like a credential reaches the store's error column.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from cuco_kit.llm.client import (
     LLMTruncated,
     request_hash,
 )
+from cuco_kit.llm.redact import redact
 
 log = logging.getLogger("cuco_kit.llm")
 
@@ -122,6 +126,7 @@ class Ledger:
     def record(self, *, purpose: str, model: str, prompt_tokens: int | None, completion_tokens: int | None,
                latency_s: float, dollars: float | None, ok: bool, error: str | None,
                request_hash: str) -> LedgerEntry:
+        error = redact(error) if error else error
         if dollars is None:
             dollars = _prices.cost(model, prompt_tokens, completion_tokens, self.prices)
         if dollars is None and prompt_tokens and self.budget_dollars is not None and model not in \
