@@ -66,6 +66,7 @@ from typing import Any
 
 from cuco_kit.evaluate.device import MULTICAST_OFF
 from cuco_kit.evaluate.seal import new_token
+from cuco_kit.evaluate.sealed_store import sealed_store
 
 # What a rank inherits from the parent's environment: these names, and names with these prefixes, unless the
 # name looks like a secret. Everything else a rank needs, the launcher or the caller sets.
@@ -144,7 +145,7 @@ def rank_env(rank: int, world: int, master_port: int, *, base: Mapping[str, str]
 
 @dataclass
 class HostedStore:
-    """The parent's side of the control store: ``store`` seals and opens values (sealed_store.SealedStore),
+    """The parent's side of the control store: ``store`` seals and opens values (sealed_store),
     ``env()`` is what ranks need to reach it."""
 
     store: Any
@@ -160,8 +161,6 @@ def host_store(timeout_s: float = 300.0) -> HostedStore:
     only. The listening socket is bound here and handed to torch (``master_listen_fd``): asked for a host, torch
     listens on every interface."""
     from torch.distributed import TCPStore  # noqa: PLC0415 - torch is heavy: only to host a store
-
-    from cuco_kit.evaluate.sealed_store import SealedStore  # noqa: PLC0415 - imports torch at its top
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -179,17 +178,15 @@ def host_store(timeout_s: float = 300.0) -> HostedStore:
         raise
     sock.detach()  # the store's server owns the socket now (and closes it when the store goes)
     token = new_token()
-    return HostedStore(SealedStore(raw, token), port, token)
+    return HostedStore(sealed_store(raw, token), port, token)
 
 
 def client_store(port: int, token: str, timeout_s: float = 300.0) -> Any:
     """A rank's connection to the parent's store, sealing with ``token``."""
     from torch.distributed import TCPStore  # noqa: PLC0415 - torch is heavy: only to reach the store
 
-    from cuco_kit.evaluate.sealed_store import SealedStore  # noqa: PLC0415 - imports torch at its top
-
     raw = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
-    return SealedStore(raw, token)
+    return sealed_store(raw, token)
 
 
 @dataclass
