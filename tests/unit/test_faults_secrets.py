@@ -190,7 +190,8 @@ def test_a_rank_of_an_unprivileged_user_cannot_read_its_parent(world_dir: Path) 
                             probe], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                            cwd=world_dir)
     if check.returncode != 0:
-        pytest.skip(f"the unprivileged user cannot import torch and the kit here: {check.stderr[-300:]}")
+        why = (check.stderr.strip().splitlines() or ["?"])[-1]
+        pytest.skip(f"the unprivileged user cannot run this Python with torch and the kit here: {why}")
     out = _run_chain(world_dir, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
     assert not out["isolation"]["pid_namespace"]
     _assert_what_the_situation_guarantees(out, ranks_are_root=False)
