@@ -280,6 +280,7 @@ class GpuEvaluator:
         warm = self.pool.starts == starts_before
         prov["warm_workers"] = warm
         prov["worker_start_seconds"] = 0.0 if warm else round(group.started_s, 3)
+        prov["rank_isolation"] = group.isolation.provenance() if group.isolation else None
         if group.info:
             i0 = group.info[0]
             prov.update({"gpu_torch": i0.get("gpu"), "torch": i0.get("torch"), "torch_cuda": i0.get("cuda"),

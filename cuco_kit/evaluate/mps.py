@@ -9,7 +9,9 @@ Rules:
     resident at once, so a rank spinning on a peer's flag never starves the peer of SMs);
   - after a fatal fault: the caller reaps all ranks, then ``recover()`` opens a canary context in a child and
     restarts the daemon we started when the canary fails;
-  - if MPS cannot be started, ranks run time-sliced and provenance says mps=false.
+  - if MPS cannot be started, ranks run time-sliced and provenance says mps=false;
+  - the daemon and the canary get the rank allow-list of the environment (launcher.inherited_env), not the
+    parent's: a rank that can see their /proc must find no secret there.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cuco_kit.evaluate.device import MULTICAST_OFF
+from cuco_kit.evaluate.launcher import inherited_env
 
 CONTROL = "nvidia-cuda-mps-control"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
@@ -48,7 +51,7 @@ def _control(cmd: str, env: dict[str, str], timeout_s: float = 10.0) -> tuple[in
 
 
 def _env_with(pipe_dir: str | None, log_dir: str | None) -> dict[str, str]:
-    env = dict(os.environ)
+    env = inherited_env()
     if pipe_dir:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
     if log_dir:
@@ -126,7 +129,7 @@ class MpsDaemon:
 
     def canary(self) -> tuple[bool, str]:
         """Open a CUDA context in a child under the current MPS settings; (ok, output)."""
-        env = dict(os.environ)
+        env = inherited_env()
         env.update(self.state.rank_env(0, 1, 100) if self.state.active else {})
         env.update(MULTICAST_OFF)
         try:

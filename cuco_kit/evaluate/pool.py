@@ -1,9 +1,11 @@
 """Warm rank workers, parent side: start a world of worker processes once, send them commands, recycle them.
 
-A ``WorkerGroup`` is N rank processes (launcher.launch) serving the store protocol of rank/worker.py. A
-``WorkerPool`` keeps one group per key (workload, sizes, world, backend) and recycles it after any fatal reply
-(CUDA error), any hang, and every ``recycle_every`` commands. The parent never creates a CUDA context: it only
-hosts the store and watches progress.
+A ``WorkerGroup`` is N rank processes (launcher.launch) serving the store protocol of rank/worker.py over a
+store of its own (launcher.host_store: loopback only, values sealed with the group's token, which the ranks get
+in their environment). A value in the store that does not open under the token was not written by this world:
+it is ignored, as if the key were not there yet. A ``WorkerPool`` keeps one group per key (workload, sizes,
+world, backend) and recycles it after any fatal reply (CUDA error), any hang, and every ``recycle_every``
+commands. The parent never creates a CUDA context: it only hosts the store and watches progress.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.evaluate.launcher import RankGroup, host_store, launch
+from cuco_kit.evaluate.launcher import Isolation, RankGroup, host_store, launch
+from cuco_kit.evaluate.seal import StoreAuthError
 
 ProgressFn = Callable[[dict[str, Any]], None]
 # What every rank process runs (`python -m`); named here only, never imported: it lives in the rank package.
@@ -49,6 +52,7 @@ class GroupSpec:
     python: str = sys.executable
     pythonpath: str | None = None  # prepended to PYTHONPATH so `-m WORKER_MODULE` imports
     wrapper: list[str] = field(default_factory=list)  # a tool the ranks run under (compute-sanitizer ...)
+    pid_namespace: bool = True  # a PID namespace per world where possible (launcher's module docstring)
 
 
 @dataclass
@@ -66,9 +70,10 @@ class WorkerGroup:
     def __init__(self, spec: GroupSpec, config: PoolConfig | None = None) -> None:
         self.spec = spec
         self.cfg = config or PoolConfig()
-        self.store: Any = None
+        self.store: Any = None  # sealed_store.SealedStore
         self.port = 0
         self.group: RankGroup | None = None
+        self.isolation: Isolation | None = None
         self.info: list[dict[str, Any]] = []
         self.commands = 0
         self.evaluations = 0  # "eval" commands served (the recycle count)
@@ -81,11 +86,12 @@ class WorkerGroup:
         t0 = time.monotonic()
         spec = self.spec
         spec.scratch.mkdir(parents=True, exist_ok=True)
-        self.store, self.port = host_store()
+        hosted = host_store()
+        self.store, self.port = hosted.store, hosted.port
         cfg_file = spec.scratch / "worker_config.json"
         cfg_file.write_text(json.dumps(spec.config, indent=1, default=str))
         env = dict(spec.extra_env)
-        env.update({"CUCO_STORE_PORT": str(self.port), "CUCO_WORKER_CONFIG": str(cfg_file)})
+        env.update({**hosted.env(), "CUCO_WORKER_CONFIG": str(cfg_file)})
         if spec.body:
             env["CUCO_WORKER_BODY"] = spec.body
         pp = [p for p in (spec.pythonpath, os.environ.get("PYTHONPATH")) if p]
@@ -93,14 +99,15 @@ class WorkerGroup:
             env["PYTHONPATH"] = os.pathsep.join(pp)
         self.group = launch([*spec.wrapper, spec.python, "-m", WORKER_MODULE], spec.world, scratch=spec.scratch,
                             master_port=self.port, extra_env=env, per_rank_env=spec.per_rank_env,
-                            local_ranks=spec.local_ranks)
+                            local_ranks=spec.local_ranks, pid_namespace=spec.pid_namespace)
+        self.isolation = self.group.isolation
         keys = [f"ready/{r}" for r in range(spec.world)]
         try:
             self._wait_keys(keys, self.cfg.start_timeout_s, "start", progress)
         except WorkerError:
             self.kill()
             raise
-        ready = [json.loads(self.store.get(k)) for k in keys]
+        ready = [self._read(k) or {} for k in keys]
         bad = [f"rank {r}: {x.get('error')}" for r, x in enumerate(ready) if not x.get("ok")]
         if bad:
             logs = self.group.tails()
@@ -148,7 +155,7 @@ class WorkerGroup:
         if cmd.get("op") == "eval":
             self.evaluations += 1
         self._wait_keys(keys, timeout_s, "cmd", progress, cmd_index=n)
-        replies = [json.loads(self.store.get(k)) if self.store.check([k]) else None for k in keys]
+        replies: list[Any] = [self._read(k) for k in keys]  # None: no reply from that rank
         if any(r is None or r.get("fatal") for r in replies):
             # a fatal rank exits; its peers may be stuck waiting for it: end the whole world now
             self.broken = True
@@ -165,26 +172,25 @@ class WorkerGroup:
         deadline = time.monotonic() + timeout_s
         last_seen = [time.monotonic()] * world
         last_event: list[dict[str, Any] | None] = [None] * world
-        last_raw: list[bytes | None] = [None] * world
+        last_read: list[dict[str, Any] | None] = [None] * world
         replied = [False] * world
         fatal_at: float | None = None
         while True:
             for r in range(world):
-                pk = f"prog/{r}"
-                if self.store.check([pk]):
-                    raw = self.store.get(pk)
-                    if raw != last_raw[r]:
-                        last_raw[r] = raw
-                        ev = json.loads(raw)
-                        if cmd_index is None or ev.get("cmd") == cmd_index:
-                            last_seen[r] = time.monotonic()
-                            last_event[r] = ev
-                            if progress is not None:
-                                progress({k: v for k, v in ev.items() if k not in ("t", "cmd", "limit_s")})
-                if not replied[r] and self.store.check([keys[r]]):
-                    replied[r] = True
-                    if what == "cmd" and fatal_at is None and json.loads(self.store.get(keys[r])).get("fatal"):
-                        fatal_at = time.monotonic()
+                ev = self._read(f"prog/{r}")
+                if ev is not None and ev != last_read[r]:
+                    last_read[r] = ev
+                    if cmd_index is None or ev.get("cmd") == cmd_index:
+                        last_seen[r] = time.monotonic()
+                        last_event[r] = ev
+                        if progress is not None:
+                            progress({k: v for k, v in ev.items() if k not in ("t", "cmd", "limit_s")})
+                if not replied[r]:
+                    reply = self._read(keys[r])
+                    if reply is not None:
+                        replied[r] = True
+                        if what == "cmd" and fatal_at is None and reply.get("fatal"):
+                            fatal_at = time.monotonic()
             if all(replied):
                 return
             if fatal_at is not None and time.monotonic() - fatal_at > self.cfg.fatal_grace_s:
@@ -222,17 +228,22 @@ class WorkerGroup:
                     raise WorkerError("hang" if what != "start" else "start", f"hang: {why}{notes}", logs)
             time.sleep(self.cfg.poll_s)
 
+    def _read(self, key: str) -> dict[str, Any] | None:
+        """The JSON object at ``key``; None when the key is absent or its value was not sealed by this world
+        (written by another process that reached the store: ignored, like a key not yet written)."""
+        try:
+            if not self.store.check([key]):
+                return None
+            value = json.loads(self.store.get_sealed(key))
+        except StoreAuthError:
+            return None
+        return value if isinstance(value, dict) else None
+
     def _failure_notes(self, cmd_index: int | None) -> str:
         if cmd_index is None or self.store is None:
             return ""
-        notes = []
-        for r in range(self.spec.world):
-            k = f"fail/{cmd_index}/{r}"
-            try:
-                if self.store.check([k]):
-                    notes.append(f"rank {r}: {json.loads(self.store.get(k))['reason']}")
-            except Exception:  # noqa: BLE001 - best effort: a note must not mask the failure being reported
-                pass
+        notes = [f"rank {r}: {note.get('reason')}" for r in range(self.spec.world)
+                 if (note := self._read(f"fail/{cmd_index}/{r}")) is not None]
         return ("; noted before: " + "; ".join(notes)) if notes else ""
 
 
@@ -245,6 +256,7 @@ class WorkerPool:
         self.groups: dict[str, WorkerGroup] = {}
         self.lock = threading.RLock()
         self.starts = 0  # how many worlds were started (tests and overhead reports read it)
+        self.pid_namespace = True  # False once a world failed to start in one and started without
         self.recycles: list[str] = []  # why each world was replaced
 
     def group(self, key: str, make_spec: Callable[[Path], GroupSpec], progress: ProgressFn | None = None,
@@ -265,12 +277,33 @@ class WorkerPool:
                     on_recycle(reason)
                 g = None
             if g is None:
-                self.starts += 1
-                scratch = self.root / f"w{self.starts:04d}"
-                g = WorkerGroup(make_spec(scratch), self.cfg)
-                g.start(progress)
+                g = self._start(make_spec, progress)
                 self.groups[key] = g
             return g
+
+    def _start(self, make_spec: Callable[[Path], GroupSpec], progress: ProgressFn | None) -> WorkerGroup:
+        self.starts += 1
+        spec = make_spec(self.root / f"w{self.starts:04d}")
+        spec.pid_namespace = spec.pid_namespace and self.pid_namespace
+        g = WorkerGroup(spec, self.cfg)
+        try:
+            g.start(progress)
+            return g
+        except WorkerError as exc:
+            if g.isolation is None or not g.isolation.pid_namespace:
+                raise
+            first = str(exc)[:300]
+        # A clash between the namespace and this machine (driver, MPS) must not fail evaluations: start once more
+        # without one; if that fails too, the namespace was not the cause and its error is the one to report.
+        spec = make_spec(self.root / f"w{self.starts:04d}-no-pidns")
+        spec.pid_namespace = False
+        g = WorkerGroup(spec, self.cfg)
+        g.start(progress)
+        self.pid_namespace = False
+        assert g.isolation is not None
+        g.isolation.note = (f"no PID namespace: a world failed to start in one ({first}); this pool starts its "
+                            f"worlds without one. {g.isolation.note}")
+        return g
 
     def discard(self, key: str) -> None:
         with self.lock:

@@ -16,7 +16,9 @@ the script fits, the server answers HTTP 400 "fixture script exhausted" (not ret
 
 Behaviours (`kind`): "text" (normal answer), "truncated" (finish_reason "length"), "rate_limit" (HTTP 429 with
 Retry-After), "server_error" (HTTP `status`, 500 by default), "delay" (answers `text` after `delay_s`, for
-client timeouts), "malformed" (HTTP 200 with a body that is not JSON).
+client timeouts), "malformed" (HTTP 200 with a body that is not JSON), "unauthorized" (HTTP 401 whose body
+echoes the request's API key and Authorization header in full, as a careless server or proxy would: for testing
+that no key reaches a log or the store).
 
 Usage tokens are APPROXIMATE: whitespace-separated words of all message contents (prompt) and of the answer
 (completion), not a real tokenizer.
@@ -45,7 +47,7 @@ from cuco_kit.llm.openai_client import LLMConfig
 
 log = logging.getLogger("cuco_kit.llm.fake_server")
 
-KINDS = ("text", "truncated", "rate_limit", "server_error", "delay", "malformed")
+KINDS = ("text", "truncated", "rate_limit", "server_error", "delay", "malformed", "unauthorized")
 HOST = "127.0.0.1"
 
 
@@ -106,6 +108,10 @@ def slow(name: str, text: str, *, delay_s: float, match: str | None = None, time
 
 def malformed(name: str, *, match: str | None = None, times: int = 1) -> Scripted:
     return Scripted(name, "malformed", match=match, times=times)
+
+
+def unauthorized(name: str, *, match: str | None = None, times: int = 1) -> Scripted:
+    return Scripted(name, "unauthorized", match=match, times=times)
 
 
 @dataclass(frozen=True)
@@ -242,6 +248,13 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if e.kind == "malformed":
             self._send(200, b'{"id": "chatcmpl-fixture", "choices": [{"message": ', name_header)
+            return
+        if e.kind == "unauthorized":
+            auth = self.headers.get("Authorization", "")
+            key = auth.split(" ", 1)[1] if " " in auth else auth
+            self._send(401, json.dumps({"error": {
+                "message": f"fixture {e.name}: Incorrect API key provided: {key}.", "type": "invalid_request_error",
+                "code": "invalid_api_key", "authorization": auth, "fixture": True}}).encode(), name_header)
             return
         if e.kind == "delay" and fake._stopping.wait(e.delay_s):
             return  # stopping: drop the connection instead of holding stop() for the whole delay

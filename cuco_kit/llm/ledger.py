@@ -23,6 +23,9 @@ With a store, the budget is per DATABASE: what every earlier run and command spe
 resumed run, a second `cuco fastpath` on the same database or another run in the same file does not get a
 fresh budget. Every client that shares one `Ledger` (the search's mutators and evaluation-side helpers alike)
 draws from the same budget.
+
+Errors are redacted (redact.py) before they are kept or stored: whatever client raised them, no configured key
+and nothing shaped like a credential reaches the store's error column.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ from cuco_kit.llm.client import (
     canonical_json,
     request_hash,
 )
+from cuco_kit.llm.redact import redact
 
 log = logging.getLogger("cuco_kit.llm")
 
@@ -247,6 +251,7 @@ class Ledger:
                latency_s: float, dollars: float | None, ok: bool, error: str | None,
                request_hash: str, reservation: Reservation | None = None) -> LedgerEntry:
         """Count one call (and release its reservation, if it had one)."""
+        error = redact(error) if error else error
         if dollars is None:
             dollars = _prices.cost(model, prompt_tokens, completion_tokens, self.prices)
         if dollars is None and reservation is not None and reservation.price is not None \

@@ -9,6 +9,10 @@ malformed bodies are retried with exponential backoff and jitter (a server's Ret
 cap), every retry is logged on the "cuco_kit.llm" logger, and the sleep and random source can be injected so
 tests run in milliseconds. Other 4xx answers are not retried: the same request would fail the same way.
 
+Every error message (raised, logged, and so stored by the ledger) is redacted (redact.py): the configured key and
+anything shaped like a credential become [redacted], and the SDK's own exception, whose text may quote the key,
+is not chained to ours.
+
 `openai` is imported lazily so the engine imports without it.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from cuco_kit.llm.client import (
     LLMTruncated,
     LLMUnavailable,
 )
+from cuco_kit.llm.redact import redact, remember
 
 log = logging.getLogger("cuco_kit.llm")
 
@@ -72,6 +77,7 @@ class LLMConfig:
             self.base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         if self.api_key is None:
             self.api_key = os.environ.get("OPENAI_API_KEY") or None
+        remember(self.api_key)
         if self.model is None:
             self.model = os.environ.get("CUCO_MODEL") or DEFAULT_MODEL
         if self.embedding_model is None:
@@ -142,18 +148,19 @@ def _classify(exc: BaseException) -> tuple[str, float | None]:
     if isinstance(exc, openai.APITimeoutError):
         return "timed out", None
     if isinstance(exc, openai.APIConnectionError):
-        return f"connection error ({exc.__cause__ or exc})", None
+        return redact(f"connection error ({exc.__cause__ or exc})"), None
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         if status == 429 or status >= 500:
-            return f"HTTP {status}: {exc.message}", _retry_after(exc.response)
+            return redact(f"HTTP {status}: {exc.message}"), _retry_after(exc.response)
         hint = " (check OPENAI_API_KEY)" if status in (401, 403) else (
             " (check the model name: LLMConfig.model or $CUCO_MODEL)" if status == 404 else "")
-        raise LLMRequestRejected(f"the LLM server refused the request: HTTP {status}: {exc.message}{hint}",
-                                 status=status) from exc
+        # from None: the SDK's exception quotes the server's answer, which may quote the key
+        raise LLMRequestRejected(redact(f"the LLM server refused the request: HTTP {status}: {exc.message}{hint}"),
+                                 status=status) from None
     if isinstance(exc, (json.JSONDecodeError, openai.APIResponseValidationError)):
         # A 200 with a body that is not the expected JSON: usually a proxy or an overloaded local server.
-        return f"malformed response ({exc})", None
+        return redact(f"malformed response ({exc})"), None
     raise exc
 
 
@@ -176,9 +183,9 @@ def call_with_retries(send: Callable[[], T], config: LLMConfig, *, what: str,
             delay = backoff_delay(attempt, config, rng, retry_after)
             log.warning("%s: attempt %d/%d failed: %s; retrying in %.2f s", what, attempt, attempts, why, delay)
             sleep(delay)
-    raise LLMUnavailable(f"{what}: the LLM server at {config.base_url} failed {attempts} time(s), last: {why}. "
-                         "Check that the server is up (OPENAI_BASE_URL) or raise LLMConfig.max_retries/timeout_s.",
-                         attempts=attempts)
+    raise LLMUnavailable(redact(f"{what}: the LLM server at {config.base_url} failed {attempts} time(s), last: "
+                                f"{why}. Check that the server is up (OPENAI_BASE_URL) or raise "
+                                "LLMConfig.max_retries/timeout_s."), attempts=attempts)
 
 
 def _check_messages(messages: list[dict]) -> None:

@@ -1,5 +1,8 @@
 """Warm worker pool with a fake body (no CUDA): recycling every K evaluations, after a fatal reply, after a
-hang; progress events reach the caller; the world is gone afterwards."""
+hang; progress events reach the caller; the world is gone afterwards.
+
+As root the worlds run in PID namespaces (launcher), where a rank's own pid means nothing outside: a rank process
+is told apart by a random id it makes at start, and looked up on the host as the child of its launcher process."""
 from __future__ import annotations
 
 import os
@@ -9,12 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerPool
+from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 FAKE_BODY = r'''
-import os, time
+import os, secrets, time
+
+PROC = secrets.token_hex(8)  # this rank process, whatever PID namespace it is in
 
 class Body:
     def __init__(self, rank, world, config, chan):
@@ -22,7 +27,7 @@ class Body:
         chan.exchange("fake-init", True)  # a collective setup phase, like the communicator
 
     def info(self):
-        return {"pid": os.getpid(), "rank": self.rank}
+        return {"proc": PROC, "rank": self.rank}
 
     def handle(self, cmd, index):
         mode = cmd.get("mode", "ok")
@@ -33,7 +38,7 @@ class Body:
             return {"ok": False, "verdict": "fail", "fatal": True, "reason": "illegal memory access"}
         if mode == "fatal":
             time.sleep(10_000)  # a peer stuck waiting for the faulted rank
-        return {"ok": True, "verdict": "pass", "times_ms": [1.0 + self.rank], "pid": os.getpid()}
+        return {"ok": True, "verdict": "pass", "times_ms": [1.0 + self.rank], "proc": PROC}
 
     def close(self):
         pass
@@ -55,6 +60,14 @@ def _spec(world: int, body_dir: Path):
     return make
 
 
+def rank_pids(g: WorkerGroup) -> list[int]:
+    """Host pids of a world's rank processes: its launched processes, or in a PID namespace their children."""
+    assert g.group is not None
+    if g.group.namespace is None:
+        return g.group.pids()
+    return [int(c) for p in g.group.pids() for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -66,19 +79,21 @@ def _alive(pid: int) -> bool:
 def test_recycled_every_k_evaluations_and_progress_arrives(tmp_path: Path, body_dir: Path) -> None:
     pool = WorkerPool(PoolConfig(recycle_every=2, start_timeout_s=120), tmp_path / "ranks")
     events: list[dict] = []
+    procs_per_eval = []
     pids_per_eval = []
     try:
         for _ in range(5):
             g = pool.group("k", _spec(2, body_dir))
             replies = g.request({"op": "eval"}, timeout_s=60, progress=events.append)
             assert [r["verdict"] for r in replies] == ["pass", "pass"]
-            pids_per_eval.append(tuple(r["pid"] for r in replies))
+            procs_per_eval.append(tuple(r["proc"] for r in replies))
+            pids_per_eval.append(rank_pids(g))
         assert pool.starts == 3  # evaluations 1-2, 3-4, 5
-        assert pids_per_eval[0] == pids_per_eval[1] != pids_per_eval[2] == pids_per_eval[3] != pids_per_eval[4]
+        assert procs_per_eval[0] == procs_per_eval[1] != procs_per_eval[2] == procs_per_eval[3] != procs_per_eval[4]
         assert any(e.get("level") == "L3" and e.get("rank") == 1 for e in events)
         assert all("limit_s" not in e and "t" not in e for e in events)
-        old = pids_per_eval[0]
-        assert not any(_alive(p) for p in old), "a recycled world left a process behind"
+        assert len(pids_per_eval[0]) == 2
+        assert not any(_alive(p) for p in pids_per_eval[0]), "a recycled world left a process behind"
     finally:
         pool.close()
     assert not any(_alive(p) for p in pids_per_eval[-1])
@@ -88,14 +103,14 @@ def test_fatal_reply_ends_the_world_and_the_next_call_starts_a_new_one(tmp_path:
     pool = WorkerPool(PoolConfig(recycle_every=100, start_timeout_s=120, fatal_grace_s=0.5), tmp_path / "ranks")
     try:
         g = pool.group("k", _spec(2, body_dir))
-        first = [i["pid"] for i in g.info]
+        first, first_pids = [i["proc"] for i in g.info], rank_pids(g)
         t0 = time.monotonic()
         replies = g.request({"op": "eval", "mode": "fatal"}, timeout_s=60)
         assert time.monotonic() - t0 < 20  # the stuck peer is not waited for
         assert replies[0]["fatal"] and replies[1] is None
-        assert g.broken and not any(_alive(p) for p in first)
+        assert g.broken and not any(_alive(p) for p in first_pids)
         g2 = pool.group("k", _spec(2, body_dir))
-        assert pool.starts == 2 and [i["pid"] for i in g2.info] != first
+        assert pool.starts == 2 and [i["proc"] for i in g2.info] != first
         assert pool.recycles and "failed" in pool.recycles[0]
         assert [r["verdict"] for r in g2.request({"op": "eval"}, timeout_s=60)] == ["pass", "pass"]
     finally:
@@ -106,7 +121,7 @@ def test_a_hang_raises_kills_the_world_and_names_the_rank(tmp_path: Path, body_d
     pool = WorkerPool(PoolConfig(start_timeout_s=120, hang_slack_s=0.5), tmp_path / "ranks")
     try:
         g = pool.group("k", _spec(2, body_dir))
-        pids = [i["pid"] for i in g.info]
+        pids = rank_pids(g)
         t0 = time.monotonic()
         with pytest.raises(WorkerError) as ei:
             g.request({"op": "eval", "mode": "hang", "limit_s": 1.0}, timeout_s=60)

@@ -2,7 +2,8 @@
 
 The process makes its expensive state once (the body: by default harness.RankHarness, i.e. communicator,
 windows, flag region, cuBLAS handle), then serves commands until told to quit. Parent and ranks talk through the
-parent's TCP store with JSON values:
+parent's TCP store (loopback only) with JSON values, each sealed with the world's token (seal.py): a value that
+does not open under it was written by a process outside the world and is never acted on.
 
   ready/<rank>          worker -> parent   {"ok": bool, "info": {...}} or {"ok": false, "error": "..."}
   cmd/<n>               parent -> workers  {"op": "eval" | "ping" | "quit", ...}; n = 0, 1, 2, ...
@@ -10,9 +11,9 @@ parent's TCP store with JSON values:
   prog/<rank>           worker -> parent   the latest progress event (overwritten), with "t" and "limit_s"
   fail/<n>/<rank>       worker -> parent   a failure noted before a collective step (names the culprit of a hang)
 
-Environment: RANK, WORLD_SIZE (launcher), CUCO_STORE_PORT, CUCO_WORKER_CONFIG (a JSON file path),
-CUCO_WORKER_BODY ("module:factory", default the real harness). A factory is called as
-``factory(rank, world, config, channel)`` and returns an object with ``info() -> dict``, ``handle(cmd,
+Environment: RANK, WORLD_SIZE (launcher), CUCO_STORE_PORT, CUCO_STORE_TOKEN (pool.WorkerGroup),
+CUCO_WORKER_CONFIG (a JSON file path), CUCO_WORKER_BODY ("module:factory", default the real harness). A factory is
+called as ``factory(rank, world, config, channel)`` and returns an object with ``info() -> dict``, ``handle(cmd,
 cmd_index) -> dict`` and ``close()``.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from datetime import timedelta
 from typing import Any
 
 from cuco_kit.evaluate.launcher import client_store
+from cuco_kit.evaluate.seal import StoreAuthError
 
 DEFAULT_BODY = "cuco_kit.evaluate.rank.harness:RankHarness"
 EXIT_FATAL = 4  # the body said the process is unusable (CUDA error, hang): the parent recycles it
@@ -38,7 +40,7 @@ class Channel:
     """The rank's side of the store protocol, plus store-based collectives for the setup phases."""
 
     def __init__(self, store: Any, rank: int, world: int, timeout_s: float = 300.0) -> None:
-        self.store = store
+        self.store = store  # sealed_store.SealedStore: torch's own users (gloo, symmetric memory) go through it
         self.rank = rank
         self.world = world
         self.timeout_s = timeout_s
@@ -63,12 +65,22 @@ class Channel:
         return os.getppid() == self._ppid
 
     def next_command(self, n: int, idle_poll_s: float = 1.0) -> dict[str, Any] | None:
-        """Block until cmd/<n> exists; None when the parent went away (then the worker just exits)."""
+        """Block until cmd/<n> holds a command sealed by the parent; None when the parent went away (then the
+        worker just exits). A value that does not open under the world's token is ignored: the parent's own
+        command, written to the same key, replaces it."""
         key = f"cmd/{n}"
+        warned = False
         while True:
             try:
                 self.store.wait([key], timedelta(seconds=idle_poll_s))
-                return json.loads(self.store.get(key))
+                cmd = json.loads(self.store.get_sealed(key))
+                if isinstance(cmd, dict):
+                    return cmd
+            except StoreAuthError as exc:
+                if not warned:
+                    print(f"ignored a command: {exc}", file=sys.stderr, flush=True)
+                    warned = True
+                time.sleep(0.05)
             except Exception as exc:  # noqa: BLE001 - a wait timeout, or the store is gone with its parent
                 if not self.parent_alive() or "onnect" in str(exc) or "reset" in str(exc).lower():
                     return None
@@ -85,7 +97,7 @@ class Channel:
         except Exception as exc:  # noqa: BLE001 - any store failure means a rank did not report
             raise PhaseError(f"{phase}: not every rank reported within {timeout_s or self.timeout_s:.0f} s "
                              f"({exc})") from None
-        statuses = [json.loads(self.store.get(k)) for k in keys]
+        statuses = [json.loads(self.store.get_sealed(k)) for k in keys]
         bad = [f"rank {r}: {s['message']}" for r, s in enumerate(statuses) if not s["ok"]]
         if bad:
             raise PhaseError(f"{phase} failed on " + "; ".join(bad))
@@ -97,7 +109,7 @@ class Channel:
         self.store.set(f"{prefix}/{self.rank}", json.dumps(value))
         keys = [f"{prefix}/{r}" for r in range(self.world)]
         self.store.wait(keys, timedelta(seconds=timeout_s or self.timeout_s))
-        return [json.loads(self.store.get(k)) for k in keys]
+        return [json.loads(self.store.get_sealed(k)) for k in keys]
 
     def barrier(self, name: str, timeout_s: float | None = None) -> None:
         self.all_gather(f"barrier/{name}", 1, timeout_s)
@@ -122,7 +134,7 @@ def main() -> int:
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     timeout_s = float(os.environ.get("CUCO_STORE_TIMEOUT_S", "300"))
-    store = client_store(int(os.environ["CUCO_STORE_PORT"]), timeout_s=timeout_s)
+    store = client_store(int(os.environ["CUCO_STORE_PORT"]), os.environ["CUCO_STORE_TOKEN"], timeout_s=timeout_s)
     chan = Channel(store, rank, world, timeout_s)
     cfg_path = os.environ.get("CUCO_WORKER_CONFIG")
     config: dict[str, Any] = {}
