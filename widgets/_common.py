@@ -13,6 +13,7 @@ BADGE_STYLE = {
     "real": ("#1b5e20", "real GPU measurement"),
     "replayed": ("#0d47a1", "replayed"),
     "simulated": ("#b71c1c", "SIMULATED"),
+    "unmeasured": ("#5d4037", "UNMEASURED (checked and built, no GPU here to run it)"),
     "model": ("#6a1b9a", "MODEL (formula, not measured)"),
     "fixture": ("#6a1b9a", "FIXTURE (recorded answer, not a live model)"),
     "info": ("#37474f", "info"),
