@@ -26,8 +26,9 @@ sleep 3
 found=0
 for r in $ranks; do
   own=$(tr '\0' '\n' <"/proc/$r/environ" 2>/dev/null | grep -cE "$probe")
-  # what the rank sees: every environ under its own /proc (its PID namespace and mount of /proc, if it has one)
-  seen=$(nsenter -t "$r" -p -m sh -c "ls -d /proc/[0-9]* | wc -l; cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -cE '$probe'" 2>&1 | tr '\n' ' ')
+  # what the rank sees: every environ under its own /proc (its PID namespace and mount of /proc, if it has one);
+  # the probing shell starts with an empty environment, so it adds no probe value of its own
+  seen=$(env -i PATH="$PATH" nsenter -t "$r" -p -m sh -c "ls -d /proc/[0-9]* | wc -l; cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -cE '$probe'" 2>&1 | tr '\n' ' ')
   echo "rank pid $r: probe values in its own environment: $own; processes it sees, probe values among their environments: $seen"
   [ "$own" != 0 ] && found=1
   [ "$(echo "$seen" | awk '{print $2}')" != 0 ] && found=1
