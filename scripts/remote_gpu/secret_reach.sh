@@ -10,8 +10,8 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/secret_reach}
 mkdir -p "$OUT"
-export OPENAI_API_KEY=sk-probe-0123456789 AWS_SECRET_ACCESS_KEY=probe-aws-secret TORCH_HUB_TOKEN=probe-hub-token
-probe='sk-probe-0123456789|probe-aws-secret|probe-hub-token'
+export OPENAI_API_KEY=probe-openai-key AWS_SECRET_ACCESS_KEY=probe-aws-secret TORCH_HUB_TOKEN=probe-hub-token
+probe='probe-openai-key|probe-aws-secret|probe-hub-token'
 $PY -m cuco_kit eval sample_kernels/gemm_allgather/device_lsa.cu --workload sample_kernels/gemm_allgather \
   --ranks 2 --backend symm --size M=1024 --size N=1024 --size K=1024 --iters 200 --json >"$OUT/eval.json" \
   2>"$OUT/eval.err" &
