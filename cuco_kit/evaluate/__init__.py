@@ -5,9 +5,8 @@ build, launcher, pool, mps, gpu_evaluator, replay, simulated; none of them impor
 context. What runs inside the rank processes (the worker loop, the harness, the backends, the ABI mirror) is
 the subpackage ``rank``: it imports torch, and the parent only starts it as a process, never imports it.
 """
+# Only the serialisable seam here: importing any submodule runs this file, rank processes included, so it must
+# not pull in the parent's evaluator, pool and launcher. Import those from their modules.
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Progress
-from cuco_kit.evaluate.device import detect_gpu
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
 
-__all__ = ["EvalRequest", "EvalResult", "Evaluator", "LEVELS", "Progress", "GpuEvaluator", "EvaluatorConfig",
-           "detect_gpu"]
+__all__ = ["EvalRequest", "EvalResult", "Evaluator", "LEVELS", "Progress"]
