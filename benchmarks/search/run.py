@@ -527,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             if not real_builds:
                 evaluator.prebuild(EvalRequest(candidate_code=code, workload_dir=WL_REL, backend=backend))
                 return True, False
-            r = build_mod.build(code, backend, build_cfg, cache_dir)
+            r = build_mod.build(code, backend, build_mod.for_workload(build_cfg, ROOT / WL_REL), cache_dir)
             return bool(r.ok), bool(r.cached)
 
         print(f"building {len(jobs)} jobs ({len(variants)} variants x {backends} + seeds) on "

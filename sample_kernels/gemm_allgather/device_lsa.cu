@@ -6,7 +6,7 @@
 //
 //     x  [Mr, K]    this rank's rows of X                 (input tensor "x")
 //     w  [K, N/W]   this rank's columns of W              (input tensor "w")
-//     xg [M, K]     gathered X: rank q's rows at q*Mr      (scratch window "xg", on every rank)
+//     xg [M, K]     gathered X: rank q's rows at q*Mr      (scratch window "xg", on every rank, gemm_host.cuh)
 //     y  [M, N/W]   Xg @ w                                (output tensor "y")
 //
 // Instead of a host all-gather followed by one GEMM (seed_nccl.cu), every rank PUSHES its shard into every
@@ -49,8 +49,9 @@
 // At world size 1 nothing is communicated: a step is one cuBLAS GEMM on x.
 //
 // Build: nvcc ... (nccl backend, links NCCL and cuBLAS) or with -DCUCO_BUILD_SYMM=1 (lsa_compat.h over the
-// harness's peer tables: 2-4 ranks sharing one GPU run the same kernels). Row-major GEMM through cuBLAS's
-// column-major API: Y^T = W^T Xg^T, see seed_nccl.cu.
+// harness's peer tables: 2-4 ranks sharing one GPU run the same kernels). The GEMM, the operands' checks and the
+// "xg" request are gemm_host.cuh's, shared with the seeds (row-major GEMM through cuBLAS's column-major API:
+// Y^T = W^T Xg^T, see seed_nccl.cu).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 
@@ -58,6 +59,7 @@
 #include <cuda/atomic>
 
 #include "cuco_lsa.h"
+#include "gemm_host.cuh"  // the workload's shared host code: frozen, on the include path (build.for_workload)
 
 namespace {
 
@@ -82,15 +84,8 @@ constexpr int kPersistentSmPercent = 12;   // kPersistent: share of the SMs the 
 constexpr int kWaitThreads = 32;           // threads of a wait kernel (one flag each, strided)
 // EVOLVE-BLOCK-END
 
-constexpr int kBf16Bytes = 2;
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16
 constexpr int kWarpSize = 32;
-
-#define GA_TRY(call)                     \
-  do {                                   \
-    const int ga_rc_ = (call);           \
-    if (ga_rc_ != CUCO_OK) return ga_rc_; \
-  } while (0)
 
 // Threads in one issuing unit and elements (16-byte vectors) of the piece it owns.
 template <Issuer I>
@@ -119,39 +114,18 @@ struct PutArgs {
   uint64_t epoch;
 };
 
-struct State {
-  int M, Nr, K, rank, world, rows_per_rank, chunk_rows;
-  const __nv_bfloat16* x;
-  const __nv_bfloat16* w;
-  __nv_bfloat16* y;
-  const __nv_bfloat16* xg;          // local gathered X (read by the GEMMs)
+// Sizes, x, w, y and the local gathered X (read by the GEMMs) come from gemm_ag::Operands.
+struct State : gemm_ag::Operands {
+  int chunk_rows;
   const uint64_t* my_flags;         // this rank's first candidate flag word
   PutArgs put;                      // per-step fields (chunk range, epoch) are set at launch
   bool dc_made;
-  cudaStream_t side;
-  cudaEvent_t fork, join;
+  cuco_side_stream_t side;          // the puts' stream (kTwoStream, kPersistent), forked off ctx->stream
   int grid_all;                     // CTAs of a put launch over all chunks
   int grid_chunk;                   // CTAs of a put launch over one chunk
   int grid_persistent;              // CTAs of the persistent put kernel
   int barrier_count;                // LSA barriers requested (>= every grid that ends in a barrier)
 };
-
-bool tensor_ok(const cuco_tensor_t* t, int64_t rows, int64_t cols) {
-  return t != nullptr && t->dtype == CUCO_DTYPE_BF16 && t->ndim == 2 && t->shape[0] == rows &&
-         t->shape[1] == cols && t->local != nullptr &&
-         t->capacity_bytes >= (size_t)rows * (size_t)cols * kBf16Bytes;
-}
-
-// Y rows [row0, row0 + rows) = A (rows x K, row-major) @ w, on the handle's stream.
-int gemm_rows(cublasHandle_t h, const State& s, const __nv_bfloat16* a, int row0, int rows) {
-  const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, s.Nr, rows, s.K, &one, s.w, CUDA_R_16BF, s.Nr,
-                                   a, CUDA_R_16BF, s.K, &zero, s.y + (size_t)row0 * s.Nr, CUDA_R_16BF, s.Nr,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return st == CUBLAS_STATUS_SUCCESS ? CUCO_OK : CUCO_ERR_CUBLAS;
-}
-
-int cuda_ok(cudaError_t e) { return e == cudaSuccess ? CUCO_OK : CUCO_ERR_CUDA; }
 
 // EVOLVE-BLOCK-START put_kernel
 // Copy vectors [v0, v1) of src to dst: this thread takes v0 + lane, + stride, ... with kLoadBatch loads in
@@ -236,10 +210,10 @@ __global__ void wait_kernel(const uint64_t* flags, int n, int skip_begin, int sk
 // fit on it together, or a resident CTA could wait forever for a twin that never gets an SM.
 int plan_grids(const cuco_ctx_t* ctx, State& s) {
   int occupancy = 0;
-  GA_TRY(cuda_ok(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &occupancy, put_kernel<kIssuer, kSync, kSync == Sync::kBarrier>, kPutThreads, 0)));
+  CUCO_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &occupancy, put_kernel<kIssuer, kSync, kSync == Sync::kBarrier>, kPutThreads, 0));
   int sms = ctx->sm_count;
-  if (sms <= 0) GA_TRY(cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device)));
+  if (sms <= 0) CUCO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
   const int sharing = ctx->backend == CUCO_BACKEND_SYMM ? s.world : 1;  // ranks on this GPU
   const long long resident = std::max(1LL, (long long)sms * occupancy / sharing);
   const long long units_per_cta = kPutThreads / unit_threads<kIssuer>();
@@ -263,9 +237,7 @@ int plan_grids(const cuco_ctx_t* ctx, State& s) {
 // Release everything setup made (also after a failed setup).
 void release(cuco_ctx_t* ctx, State* s) {
   if (s == nullptr) return;
-  if (s->join) cudaEventDestroy(s->join);
-  if (s->fork) cudaEventDestroy(s->fork);
-  if (s->side) cudaStreamDestroy(s->side);
+  cuco_side_stream_destroy(&s->side);
   if (s->put.arrivals) cudaFree(s->put.arrivals);
   if (s->dc_made) cuco_devcomm_destroy(ctx, &s->put.dc);
   delete s;
@@ -283,62 +255,61 @@ int launch_puts(State& s, cudaStream_t stream, int c0, int c1, int grid, bool fi
     put_kernel<kIssuer, kSync, kSync == Sync::kBarrier><<<grid, kPutThreads, 0, stream>>>(a);
   else
     put_kernel<kIssuer, kSync, false><<<grid, kPutThreads, 0, stream>>>(a);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 int launch_wait(const uint64_t* flags, int n, int skip_begin, int skip_end, uint64_t epoch, cudaStream_t stream) {
   wait_kernel<<<1, kWaitThreads, 0, stream>>>(flags, n, skip_begin, skip_end, epoch);
-  return cuda_ok(cudaGetLastError());
+  return cuco_cuda_status(cudaGetLastError());
 }
 
 // GEMM the rows of every other rank (at most two contiguous ranges around our own shard), from xg.
 int gemm_remote_rows(cublasHandle_t h, const State& s) {
   const int own0 = s.rank * s.rows_per_rank, own1 = own0 + s.rows_per_rank;
-  if (own0 > 0) GA_TRY(gemm_rows(h, s, s.xg, 0, own0));
-  if (own1 < s.M) GA_TRY(gemm_rows(h, s, s.xg + (size_t)own1 * s.K, own1, s.M - own1));
+  if (own0 > 0) CUCO_TRY(s.gemm_rows(h, s.xg, 0, own0));
+  if (own1 < s.M) CUCO_TRY(s.gemm_rows(h, s.xg + (size_t)own1 * s.K, own1, s.M - own1));
   return CUCO_OK;
 }
 
 int schedule(cuco_ctx_t* ctx, State& s) {
   cublasHandle_t h = (cublasHandle_t)ctx->cublas;
-  if (cublasSetStream(h, ctx->stream) != CUBLAS_STATUS_SUCCESS) return CUCO_ERR_CUBLAS;
+  CUCO_CUBLAS_TRY(cublasSetStream(h, ctx->stream));
   const int own_row0 = s.rank * s.rows_per_rank;
-  if (s.world == 1) return gemm_rows(h, s, s.x, own_row0, s.rows_per_rank);  // nothing to gather
+  if (s.world == 1) return s.gemm_rows(h, s.x, own_row0, s.rows_per_rank);  // nothing to gather
   const uint64_t epoch = ctx->epoch;
   const int n_flags = s.world * kChunks;
 
   if constexpr (kPlacement == Placement::kSequential) {
-    GA_TRY(launch_puts(s, ctx->stream, 0, kChunks, s.grid_all, kSync == Sync::kBarrier, epoch));
-    GA_TRY(gemm_rows(h, s, s.x, own_row0, s.rows_per_rank));
+    CUCO_TRY(launch_puts(s, ctx->stream, 0, kChunks, s.grid_all, kSync == Sync::kBarrier, epoch));
+    CUCO_TRY(s.gemm_rows(h, s.x, own_row0, s.rows_per_rank));
     if constexpr (kSync == Sync::kChunkFlags)
-      GA_TRY(launch_wait(s.my_flags, n_flags, s.rank * kChunks, (s.rank + 1) * kChunks, epoch, ctx->stream));
+      CUCO_TRY(launch_wait(s.my_flags, n_flags, s.rank * kChunks, (s.rank + 1) * kChunks, epoch, ctx->stream));
     return gemm_remote_rows(h, s);
   } else {
     // Fork: the puts read this step's x, which the harness filled on ctx->stream.
-    GA_TRY(cuda_ok(cudaEventRecord(s.fork, ctx->stream)));
-    GA_TRY(cuda_ok(cudaStreamWaitEvent(s.side, s.fork, 0)));
+    CUCO_TRY(cuco_side_stream_fork(&s.side, ctx->stream));
     if constexpr (kPlacement == Placement::kTwoStream) {
       for (int c = 0; c < kChunks; ++c)
-        GA_TRY(launch_puts(s, s.side, c, c + 1, s.grid_chunk, kSync == Sync::kBarrier && c == kChunks - 1, epoch));
+        CUCO_TRY(launch_puts(s, s.side.stream, c, c + 1, s.grid_chunk, kSync == Sync::kBarrier && c == kChunks - 1,
+                             epoch));
     } else {
-      GA_TRY(launch_puts(s, s.side, 0, kChunks, s.grid_persistent, kSync == Sync::kBarrier, epoch));
+      CUCO_TRY(launch_puts(s, s.side.stream, 0, kChunks, s.grid_persistent, kSync == Sync::kBarrier, epoch));
     }
-    GA_TRY(cuda_ok(cudaEventRecord(s.join, s.side)));
     // The local shard needs no wait: GEMM it while the peers' chunks travel.
-    GA_TRY(gemm_rows(h, s, s.x, own_row0, s.rows_per_rank));
+    CUCO_TRY(s.gemm_rows(h, s.x, own_row0, s.rows_per_rank));
     if constexpr (kSync == Sync::kBarrier) {
-      GA_TRY(cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0)));  // barrier passed: all shards landed
+      CUCO_TRY(cuco_side_stream_join(&s.side, ctx->stream));  // barrier passed: all shards landed
       return gemm_remote_rows(h, s);
     } else {
       for (int c = 0; c < kChunks; ++c) {
         for (int j = 0; j < s.world - 1; ++j) {
           const int src = (s.rank - 1 - j + s.world) % s.world;
           const int row0 = src * s.rows_per_rank + c * s.chunk_rows;
-          GA_TRY(launch_wait(s.my_flags + (size_t)src * kChunks + c, 1, 0, 0, epoch, ctx->stream));
-          GA_TRY(gemm_rows(h, s, s.xg + (size_t)row0 * s.K, row0, s.chunk_rows));
+          CUCO_TRY(launch_wait(s.my_flags + (size_t)src * kChunks + c, 1, 0, 0, epoch, ctx->stream));
+          CUCO_TRY(s.gemm_rows(h, s.xg + (size_t)row0 * s.K, row0, s.chunk_rows));
         }
       }
-      return cuda_ok(cudaStreamWaitEvent(ctx->stream, s.join, 0));  // rejoin the side stream
+      return cuco_side_stream_join(&s.side, ctx->stream);  // rejoin the side stream
     }
   }
 }
@@ -347,81 +318,48 @@ int schedule(cuco_ctx_t* ctx, State& s) {
 }  // namespace
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const int64_t M = cuco_param(ctx, "M"), K = cuco_param(ctx, "K");
-  if (max_req < 1 || M <= 0 || K <= 0) return 0;  // setup then reports CUCO_ERR_PARAM
-  memset(&req[0], 0, sizeof(req[0]));
-  strncpy(req[0].name, "xg", CUCO_NAME_LEN - 1);
-  req[0].bytes = (size_t)M * (size_t)K * kBf16Bytes;
-  return 1;
+  return gemm_ag::GatheredX{ctx}.declare(req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
   if (ctx->backend != cuco_build_backend) return CUCO_ERR_BACKEND;  // built for the other backend
   if (ctx->cublas == nullptr) return CUCO_ERR_PARAM;
-  const int64_t M = cuco_param(ctx, "M"), N = cuco_param(ctx, "N"), K = cuco_param(ctx, "K");
-  const int W = ctx->world_size;
   // Shards split into kChunks whole chunks of whole 16-byte vectors.
-  if (M <= 0 || N <= 0 || K <= 0 || W < 1 || N % W != 0 || M % ((int64_t)W * kChunks) != 0 ||
-      (K * kBf16Bytes) % kVecBytes != 0)
-    return CUCO_ERR_PARAM;
+  gemm_ag::Operands op;
+  CUCO_TRY(op.open(ctx, kChunks));
+  const int W = op.world;
+  if ((size_t)op.K * gemm_ag::kBf16Bytes % kVecBytes != 0) return CUCO_ERR_PARAM;
   if (W > 1 && ctx->flags.count < CUCO_FLAGS_RESERVED + (size_t)W * kChunks)
     return CUCO_ERR_PARAM;  // not enough candidate flag words for one per (source, chunk)
-  cuco_tensor_t* x = cuco_tensor(ctx, "x");
-  cuco_tensor_t* w = cuco_tensor(ctx, "w");
-  cuco_tensor_t* y = cuco_tensor(ctx, "y");
-  cuco_tensor_t* xg = cuco_scratch(ctx, "xg");
-  if (!tensor_ok(x, M / W, K) || !tensor_ok(w, K, N / W) || !tensor_ok(y, M, N / W)) return CUCO_ERR_PARAM;
-  if (xg == nullptr || xg->local == nullptr || xg->capacity_bytes < (size_t)M * (size_t)K * kBf16Bytes)
-    return CUCO_ERR_PARAM;
+  const cuco_tensor_t* xg = cuco_scratch(ctx, "xg");
   if (W > 1 && (cuco_window(xg) == nullptr || ctx->flags.peers == nullptr || ctx->flags.local == nullptr))
     return CUCO_ERR_BACKEND;  // pushing needs the peers' windows and flags
 
-  State* s = new State();
+  State* s = new State{op};
   ctx->user = s;
-  s->M = (int)M;
-  s->Nr = (int)(N / W);
-  s->K = (int)K;
-  s->rank = ctx->rank;
-  s->world = W;
-  s->rows_per_rank = (int)(M / W);
   s->chunk_rows = s->rows_per_rank / kChunks;
-  s->x = (const __nv_bfloat16*)x->local;
-  s->w = (const __nv_bfloat16*)w->local;
-  s->y = (__nv_bfloat16*)y->local;
-  s->xg = (const __nv_bfloat16*)xg->local;
   s->my_flags = ctx->flags.local == nullptr ? nullptr : ctx->flags.local + CUCO_FLAGS_RESERVED;
 
   PutArgs& a = s->put;
-  a.x = (const uint4*)x->local;
+  a.x = (const uint4*)s->x;
   a.xg = cuco_window(xg);
   a.flag_peers = ctx->flags.peers;
-  a.chunk_vecs = (size_t)s->chunk_rows * (size_t)K * kBf16Bytes / kVecBytes;
-  a.own_rows_offset = (size_t)s->rank * s->rows_per_rank * (size_t)K * kBf16Bytes;
+  a.chunk_vecs = (size_t)s->chunk_rows * (size_t)s->K * gemm_ag::kBf16Bytes / kVecBytes;
+  a.own_rows_offset = (size_t)s->rank * s->rows_per_rank * (size_t)s->K * gemm_ag::kBf16Bytes;
   a.rank = s->rank;
   a.world = W;
   a.pieces = (a.chunk_vecs + piece_vecs<kIssuer>() - 1) / piece_vecs<kIssuer>();
 
   int rc = plan_grids(ctx, *s);
-  if (rc == CUCO_OK) rc = cuco_devcomm_create(ctx, s->barrier_count, &a.dc);
   if (rc == CUCO_OK) {
-    s->dc_made = true;
-    // Push needs one LSA team spanning the world (one NVLink domain); world rank q is then LSA rank q.
-    if (a.dc.lsaSize != W || a.dc.lsaRank != s->rank) {
-      fprintf(stderr, "device_lsa: LSA team %d/%d does not span the world %d/%d\n", a.dc.lsaRank, a.dc.lsaSize,
-              s->rank, W);
-      rc = CUCO_ERR_BACKEND;
-    }
+    rc = cuco_devcomm_create_lsa_world(ctx, s->barrier_count, &a.dc);  // push: every peer's window reachable
+    s->dc_made = rc == CUCO_OK;
   }
-  if (rc == CUCO_OK) rc = cuda_ok(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
-  // The side stream gets the highest priority so put CTAs are scheduled ahead of queued GEMM CTAs.
-  int lowest = 0, highest = 0;
-  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, highest));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->fork, cudaEventDisableTiming));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaEventCreateWithFlags(&s->join, cudaEventDisableTiming));
-  if (rc == CUCO_OK) rc = cuda_ok(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // puts ahead of queued GEMM CTAs
+  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
   if (rc != CUCO_OK) {
     release(ctx, s);
     ctx->user = nullptr;

@@ -312,7 +312,7 @@ def test_each_source_includes_the_shared_kernel_outside_every_block(wl_module, n
 def test_build_puts_the_workload_headers_on_the_path_and_in_the_key(wl_module):
     cfg = build.for_workload(build.BuildConfig(nvcc="nvcc"), SAMPLE)
     assert cfg.workload_include == SAMPLE.resolve() and SAMPLE.resolve() in cfg.include_dirs()
-    plain = build.for_workload(build.BuildConfig(nvcc="nvcc"), SAMPLE.parent / "gemm_allgather")
+    plain = build.for_workload(build.BuildConfig(nvcc="nvcc"), SAMPLE.parent / "allgather")
     assert plain.workload_include is None  # no *.cuh there: command and cache key unchanged
     k1 = build._headers_digest(cfg)
     assert k1 != build._headers_digest(plain)  # the header's bytes are part of the key
