@@ -41,7 +41,7 @@ def test_fastpath_end_to_end_with_real_builds(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name,backend", [("gemm_stage_b_gin.cu", "nccl"),
                                           ("gemm_stage_b_drop_peers.cu", "symm")])
 def test_fixture_builds(tmp_path: Path, name: str, backend: str) -> None:
-    from cuco_kit.evaluate.build import build
+    from cuco_kit.evaluate.build import build, for_workload
 
-    r = build((DATA / name).read_text(), backend, cache_dir=tmp_path)
+    r = build((DATA / name).read_text(), backend, for_workload(None, WORKLOAD), cache_dir=tmp_path)
     assert r.ok, r.log[-3000:]

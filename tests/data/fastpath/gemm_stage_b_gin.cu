@@ -7,40 +7,20 @@
 #include <cuda_bf16.h>
 
 #include "cuco_lsa.h"
+#include "gemm_host.cuh"  // the workload's shared host code: frozen, on the include path (build.for_workload)
 
 constexpr int kBlocks = 16;    // knob: {8, 16, 32, 64}
 constexpr int kThreads = 512;  // knob: {128, 256, 512, 1024}
 
 namespace {
 
-constexpr int kBf16Bytes = 2;
-
-struct State {
-  int M, Nr, K, rows_per_rank;
-  const __nv_bfloat16* x;
-  const __nv_bfloat16* w;
-  __nv_bfloat16* y;
-  __nv_bfloat16* xg;
+struct State : gemm_ag::Operands {
   ncclWindow_t xgWin;
   ncclWindow_t xWin;
   size_t shard_bytes;
   size_t shard_vecs;  // this rank's x in 16-byte vectors
   ncclDevComm devComm;
 };
-
-bool tensor_ok(const cuco_tensor_t* t, int64_t rows, int64_t cols) {
-  return t != nullptr && t->dtype == CUCO_DTYPE_BF16 && t->ndim == 2 && t->shape[0] == rows &&
-         t->shape[1] == cols && t->local != nullptr &&
-         t->capacity_bytes >= (size_t)rows * (size_t)cols * kBf16Bytes;
-}
-
-int gemm_rows(cublasHandle_t h, const State& s, const __nv_bfloat16* a, int row0, int rows) {
-  const float one = 1.0f, zero = 0.0f;
-  cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, s.Nr, rows, s.K, &one, s.w, CUDA_R_16BF, s.Nr,
-                                   a, CUDA_R_16BF, s.K, &zero, s.y + (size_t)row0 * s.Nr, CUDA_R_16BF, s.Nr,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  return st == CUBLAS_STATUS_SUCCESS ? CUCO_OK : CUCO_ERR_CUBLAS;
-}
 
 }  // namespace
 
@@ -68,59 +48,32 @@ gin_push(ncclDevComm devComm, ncclWindow_t xWin, ncclWindow_t xgWin, const uint4
 }
 
 CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request_t* req, int max_req) {
-  const int64_t M = cuco_param(ctx, "M"), K = cuco_param(ctx, "K");
-  if (max_req < 1 || M <= 0 || K <= 0) return 0;
-  memset(&req[0], 0, sizeof(req[0]));
-  strncpy(req[0].name, "xg", CUCO_NAME_LEN - 1);
-  req[0].bytes = (size_t)M * (size_t)K * kBf16Bytes;
-  return 1;
+  return gemm_ag::GatheredX{ctx}.declare(req, max_req);
 }
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
   if (ctx->cublas == nullptr) return CUCO_ERR_PARAM;
-  const int64_t M = cuco_param(ctx, "M"), N = cuco_param(ctx, "N"), K = cuco_param(ctx, "K");
-  const int W = ctx->world_size;
-  if (M <= 0 || N <= 0 || K <= 0 || W < 1 || M % W != 0 || N % W != 0) return CUCO_ERR_PARAM;
-  cuco_tensor_t* x = cuco_tensor(ctx, "x");
-  cuco_tensor_t* w = cuco_tensor(ctx, "w");
-  cuco_tensor_t* y = cuco_tensor(ctx, "y");
-  cuco_tensor_t* xg = cuco_scratch(ctx, "xg");
-  if (!tensor_ok(x, M / W, K) || !tensor_ok(w, K, N / W) || !tensor_ok(y, M, N / W)) return CUCO_ERR_PARAM;
-  if (xg == nullptr || xg->local == nullptr || cuco_window(xg) == nullptr ||
-      xg->capacity_bytes < (size_t)M * (size_t)K * kBf16Bytes)
-    return CUCO_ERR_PARAM;
-  const size_t shard_bytes = (size_t)(M / W) * (size_t)K * kBf16Bytes;
-  if (shard_bytes % sizeof(uint4) != 0) return CUCO_ERR_PARAM;
-
-  State* s = new State();
-  s->M = (int)M;
-  s->Nr = (int)(N / W);
-  s->K = (int)K;
-  s->rows_per_rank = (int)(M / W);
-  s->x = (const __nv_bfloat16*)x->local;
-  s->w = (const __nv_bfloat16*)w->local;
-  s->y = (__nv_bfloat16*)y->local;
-  s->xg = (__nv_bfloat16*)xg->local;
-  s->xgWin = cuco_window(xg);
-  s->shard_vecs = shard_bytes / sizeof(uint4);
-  s->xWin = cuco_window(x);
-  s->shard_bytes = shard_bytes;
+  gemm_ag::Operands op;
+  CUCO_TRY(op.open(ctx, 1));
+  const size_t shard_bytes = (size_t)op.rows_per_rank * (size_t)op.K * gemm_ag::kBf16Bytes;
+  ncclWindow_t xgWin = cuco_window(cuco_scratch(ctx, "xg"));
+  if (xgWin == nullptr || shard_bytes % sizeof(uint4) != 0) return CUCO_ERR_PARAM;
   // GIN contexts and signals are requirements cuco_devcomm_create does not take: ask NCCL directly.
-  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == nullptr || s->xWin == nullptr) {
-    delete s;
-    return CUCO_ERR_BACKEND;
-  }
+  ncclWindow_t xWin = cuco_window(cuco_tensor(ctx, "x"));
+  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == nullptr || xWin == nullptr) return CUCO_ERR_BACKEND;
+
+  State* s = new State{op, xgWin, xWin, shard_bytes, shard_bytes / sizeof(uint4)};
+  ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
   ncclDevCommRequirements reqs;
   memset(&reqs, 0, sizeof(reqs));
   reqs.ginContextCount = 1;
   reqs.ginSignalCount = 1;
-  memset(&s->devComm, 0, sizeof(s->devComm));
-  ncclResult_t r = ncclDevCommCreate((ncclComm_t)ctx->nccl_comm, &reqs, &s->devComm);
+  const int rc = cuco_nccl_status(comm, ncclDevCommCreate(comm, &reqs, &s->devComm));
   (void)cudaGetLastError();
-  if (r != ncclSuccess) {
+  if (rc != CUCO_OK) {
     delete s;
-    return CUCO_ERR_NCCL;
+    return rc;
   }
   ctx->user = s;
   return CUCO_OK;
@@ -132,15 +85,16 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
                                                    s.shard_bytes, ctx->epoch);
   CUCO_CUDA_TRY(cudaGetLastError());
   cublasHandle_t h = (cublasHandle_t)ctx->cublas;
-  if (cublasSetStream(h, ctx->stream) != CUBLAS_STATUS_SUCCESS) return CUCO_ERR_CUBLAS;
-  return gemm_rows(h, s, s.xg, 0, s.M);
+  CUCO_CUBLAS_TRY(cublasSetStream(h, ctx->stream));
+  return s.gemm_rows(h, s.xg, 0, s.M);
 }
 
 CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
   State* s = (State*)ctx->user;
   if (s == nullptr) return CUCO_OK;
-  const ncclResult_t r = ncclDevCommDestroy((ncclComm_t)ctx->nccl_comm, &s->devComm);
+  ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
+  const int rc = cuco_nccl_status(comm, ncclDevCommDestroy(comm, &s->devComm));
   delete s;
   ctx->user = nullptr;
-  return r == ncclSuccess ? CUCO_OK : CUCO_ERR_NCCL;
+  return rc;
 }
