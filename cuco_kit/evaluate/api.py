@@ -96,3 +96,12 @@ class Evaluator(Protocol):
 
 
 FLAG_SPEEDUP = 3.0  # above this over the seed, a result is flagged for review
+
+
+def timing_medians(timing: dict[str, Any] | None) -> tuple[str | None, float | None, float | None]:
+    """(which timing scored, device median ms, end-to-end median ms) of a result's ``timing``; None where a
+    result has no such timing (failed, older, or a step that cannot be held)."""
+    if not timing:
+        return None, None, None
+    dev, e2e = timing.get("device"), timing.get("end_to_end")
+    return (timing.get("score"), dev.get("median_ms") if dev else None, e2e.get("median_ms") if e2e else None)

@@ -16,9 +16,9 @@ delivered by the time ctx->stream says it is done), and after every rank has fin
 the outputs again (a difference means work that was not joined to ctx->stream, or a missing wait on a peer)
 and with the workload's torch reference, computed on this GPU in float32 from every rank's inputs regenerated
 from the seeds. NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
-missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead,
-with seeded random pauses after signals and before waits return, and a wider jitter that makes each rank in turn
-the late one; the timed build is loaded afterwards.
+missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead:
+each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
+return, and a jitter past everyone else's; the timed build is loaded afterwards.
 
 The ranks agree after every iteration (a gloo all-reduce of a failure flag is the host barrier), so when one
 rank fails all stop together instead of waiting for each other.
@@ -666,8 +666,9 @@ class _Evaluation:
 
     def _verify_trials(self, stress: dict[str, Any] | None) -> None:
         """The L2 trials: fresh inputs, jitter at world > 1, every one verified. With ``stress`` (the stress build
-        is loaded) each trial first draws new pauses for the runtime's primitives, and the jitter makes each rank
-        in turn the late one."""
+        is loaded) each trial has a late rank, each rank in turn: it draws new random pauses for the runtime's
+        primitives and a jitter past everyone else's, while the other ranks run without pauses, so whatever a
+        peer leaves uncovered by its flags and waits is still in flight when they finish."""
         h = self.h
         trials = int(self.cmd.get("trials", 3))
         jitter_max_ns = int(float(self.cmd.get("jitter_us", 200.0)) * 1000)
@@ -679,17 +680,19 @@ class _Evaluation:
         if stress:
             self.notes.append(
                 "L2 trials ran on the stress build: " + (
-                    f"random pauses up to {stress['max_delay_ns'] / 1000:g} us after signals and before waits "
-                    f"return ({stress['permille'] / 10:g}% of calls)" if configure is not None else
+                    f"one late rank per trial, with random pauses up to {stress['max_delay_ns'] / 1000:g} us "
+                    f"after {stress['permille'] / 10:g}% of its signals and before as many waits return"
+                    if configure is not None else
                     "it uses none of the runtime's signalling primitives, so only the harness's jitter applies"))
         for t in range(trials):
             h._progress("L2", "verify", t, trials, self.step_limit_s + 10)
             jitter = rng.randrange(0, jitter_max_ns + 1) if jitter_max_ns and h.world > 1 else 0
-            if stress and h.world > 1 and (t + self.seed) % h.world == h.rank:
-                jitter = jitter_max_ns + rng.randrange(0, jitter_max_ns + 1)  # this trial's late rank
+            late = bool(stress) and h.world > 1 and (t + self.seed) % h.world == h.rank
+            if late:
+                jitter = jitter_max_ns + rng.randrange(0, jitter_max_ns + 1)
             if configure is not None and stress is not None:
                 rc = int(configure(random.Random(f"stress:{self.seed}:{t}:{h.rank}").getrandbits(64),
-                                   int(stress["max_delay_ns"]), int(stress["permille"])))
+                                   int(stress["max_delay_ns"]) if late else 0, int(stress["permille"])))
                 if rc != 0:
                     raise RuntimeError(f"cuco_stress_configure failed: {h.helpers.error_name(rc)}")
             self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True,
