@@ -41,6 +41,7 @@ NCCL_SONAME = "libnccl.so.2"
 CUBLAS_SONAME = "libcublas.so.13"
 _BACKENDS_LINE = re.compile(r"^\s*//\s*cuco:\s*backends\s*=\s*([\w,\s]+)$", re.MULTILINE)
 _HOST_NCCL_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"]nccl\.h[>\"]", re.MULTILINE)
+_RUNTIME_PRIMITIVES_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"]cuco_lsa\.h[>\"]", re.MULTILINE)
 
 
 def _nvidia_wheel_dir(name: str) -> Path | None:
@@ -100,6 +101,12 @@ def for_workload(cfg: BuildConfig | None, directory: str | Path) -> BuildConfig:
     if not any(d.glob("*.cuh")):
         return cfg
     return dataclasses.replace(cfg, workload_include=d.resolve())
+
+
+def has_stress_hooks(code: str) -> bool:
+    """Whether a source includes the runtime's signalling primitives (cuco_lsa.h), which its stress build
+    instruments; without them a stress build would be the same program."""
+    return _RUNTIME_PRIMITIVES_INCLUDE.search(code) is not None
 
 
 def stress_config(cfg: BuildConfig | None) -> BuildConfig:

@@ -36,6 +36,7 @@ from cuco_kit.evaluate.build import (
     build,
     build_helpers,
     for_workload,
+    has_stress_hooks,
     nccl_header_version,
     stress_config,
 )
@@ -149,11 +150,13 @@ class GpuEvaluator:
         candidates so nvcc runs while the GPU evaluates. Returns whether the build succeeded (or was cached)."""
         cfg = for_workload(self.cfg.build, request.workload_dir)
         ok = bool(build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
-        if ok and self._wants_stress(request):
+        if ok and self._wants_stress(request) and has_stress_hooks(request.candidate_code):
             build(request.candidate_code, request.backend, stress_config(cfg), self.cfg.cache_dir)
         return ok
 
     def _wants_stress(self, request: EvalRequest) -> bool:
+        """Whether the request's L2 trials run stressed (world > 1); the stress BUILD is only made for a candidate
+        that has the runtime's primitives to instrument, the others get the harness's late-rank jitter alone."""
         return self.cfg.stress and request.world_size > 1
 
     def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
@@ -228,7 +231,7 @@ class GpuEvaluator:
         bcfg = for_workload(self.cfg.build, wl.directory)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the stress build beside the timed one
             stress_job = (pool.submit(build, req.candidate_code, req.backend, stress_config(bcfg), self.cfg.cache_dir)
-                          if self._wants_stress(req) else None)
+                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code) else None)
             b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
             sb: BuildResult | None = stress_job.result() if stress_job is not None else None
         logs["build"] = _tail(b.log)
@@ -236,14 +239,16 @@ class GpuEvaluator:
         prov["build_cached"] = b.cached
         if not b.ok or b.so_path is None:
             return EvalResult("L1", "fail", "L1: build failed (see logs['build'])", logs=logs, provenance=prov)
-        stress_so = None
+        stress_so = b.so_path if self._wants_stress(req) else None  # without hooks: the harness's stress only
+        prov["l2_stress"] = stress_so is not None
         if sb is not None:
             prov["stress_build_seconds"] = round(sb.seconds, 3)
             if sb.ok and sb.so_path is not None:
                 stress_so = sb.so_path
             else:
                 logs["stress_build"] = _tail(sb.log)
-                notes.append("the stress build failed (logs['stress_build']): L2 trials ran on the timed build")
+                notes.append("the stress build failed (logs['stress_build']): L2 trials ran on the timed build "
+                             "with the harness's late-rank jitter only")
         _emit(progress, level="L1", rank=None, step="build", done=1, total=1)
         gpus = self._detect()
         if not gpus:

@@ -242,7 +242,8 @@ class _Evaluation:
         stress = self.cmd.get("stress") or None
         try:
             t0 = time.monotonic()
-            if stress:
+            separate = bool(stress) and str(stress["so_path"]) != str(self.cmd["so_path"])
+            if separate:  # the stress build's own phase: L2 trials only
                 self._load(Path(stress["so_path"]))
                 self._setup()
                 self._verify_trials(stress)
@@ -251,8 +252,8 @@ class _Evaluation:
             self._load(Path(self.cmd["so_path"]))
             self._setup()
             self._capture_check()
-            if not stress:
-                self._verify_trials(None)
+            if not separate:
+                self._verify_trials(stress)
             reply["l2_seconds"] = round(time.monotonic() - t0, 4)
             reply.update(ok=True, verdict="pass", level="L3", **self._timed())
             if self.cmd.get("timeline"):
