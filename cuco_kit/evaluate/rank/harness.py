@@ -239,12 +239,13 @@ class _Evaluation:
         h = self.h
         reply: dict[str, Any] = {"ok": False, "rank": h.rank, "role": self.cmd.get("role", "candidate")}
         self._before = set(os.listdir(h.scratch_dir))
-        stress = self.cmd.get("stress") or None
+        stress: dict[str, Any] | None = self.cmd.get("stress") or None
         try:
             t0 = time.monotonic()
-            separate = bool(stress) and str(stress["so_path"]) != str(self.cmd["so_path"])
+            stress_so = str(stress["so_path"]) if stress else ""
+            separate = bool(stress_so) and stress_so != str(self.cmd["so_path"])
             if separate:  # the stress build's own phase: L2 trials only
-                self._load(Path(stress["so_path"]))
+                self._load(Path(stress_so))
                 self._setup()
                 self._verify_trials(stress)
                 self._teardown(reply)
