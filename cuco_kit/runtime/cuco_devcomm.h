@@ -13,6 +13,7 @@
  *   void cuco_signal(uint64_t* remote_flag, uint64_t epoch);  // release store, system scope
  *   void cuco_wait(const uint64_t* flag, uint64_t epoch);     // acquire loads, system scope, until >= epoch
  *   uint64_t* cuco_user_flag(uint64_t* const* peers, int rank, size_t i);  // rank's i-th candidate word
+ * (In the stress build, -DCUCO_STRESS=1, cuco_signal and cuco_wait pause at random: cuco_stress.h.)
  *
  * Why a helper and not ncclDevCommCreate directly: NCCL 2.28 and 2.29 take different requirement structs,
  * the communicator may be non-blocking, 2.28 leaves a stale CUDA error behind, and under symm there is no
