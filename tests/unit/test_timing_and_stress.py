@@ -16,6 +16,9 @@ from cuco_kit.evaluate.api import EvalRequest, EvalResult, timing_medians
 from cuco_kit.evaluate.gpu_evaluator import compare_timings, merge_replies
 from cuco_kit.evaluate.rank.harness import NO_HOLD_NOTE, _Evaluation
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
+from cuco_kit.report import run_frame
+from cuco_kit.store import Store
+from cuco_kit.widgets.plots import _hover
 from cuco_kit.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +194,19 @@ def test_the_hold_entry_points_are_declared_for_ctypes() -> None:
     for name in ("cuco_h_hold", "cuco_h_release"):
         assert f"CUCO_H_EXPORT int {name}(" in src
     assert ctypes.sizeof(ctypes.c_uint64) == 8
+
+
+def test_stored_results_show_both_timings_in_tables_and_hover(tmp_path: Path) -> None:
+    code = (ROOT / "sample_kernels" / "allgather" / "device_lsa.cu").read_text()
+    res = SimulatedEvaluator(1, fail_rate=0.0, check_l0=False).evaluate(
+        EvalRequest(candidate_code=code, workload_dir=str(ROOT / "sample_kernels" / "allgather")))
+    with Store(tmp_path / "run.sqlite") as store:
+        run = store.create_run(workload="allgather", config={}, badge="simulated")
+        prog = store.add_program(run_id=run, code=code, parent_id=None, source="seed")
+        ev = store.start_evaluation(prog, world_size=1, backend="nccl", badge="simulated", request={})
+        store.finish_evaluation(ev, res.to_dict())
+        df = run_frame(store, run)
+    row = df.iloc[0]
+    assert row["timing"] == "device" and row["device_ms"] == res.median_ms
+    assert row["e2e_ms"] == timing_medians(res.timing)[2]
+    assert "end to end" in _hover(row) and "(device time)" in _hover(row)
