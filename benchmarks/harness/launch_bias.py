@@ -6,7 +6,9 @@ M = N = K = 1024, 2048, 4096 and 8192.
 stream held by the harness's own blocking kernel (libcuco_harness.so: cuco_h_hold / cuco_h_release) while the
 host enqueues start event, the product and end event, then released; the events give the device time. The torch
 side runs in a child process (this process never creates a CUDA context; the rank worker owns the GPU) with the
-same helper library, and also reports its time without the hold, as the harness's end-to-end time does.
+same helper library, and also reports its time without the hold, as the harness's end-to-end time does. One
+more profiled step on each side gives the product's own kernel time (us), which says whether a gap is the
+kernel cuBLAS picked or the timing around it.
 
 Writes <out>/launch_bias.json (raw: every iteration, GPU, driver, NCCL, torch, git revision, date) and
 <out>/launch_bias.md (the table), default benchmarks/harness/. Exit code 0 when every size is within --bar.
@@ -26,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common import torch_child
+from common import GEMM_KERNEL, torch_child
 
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.build import build_helpers
@@ -42,7 +44,8 @@ BAR = 0.03  # |harness / torch - 1| at most this at every size
 
 # The torch side: the harness's hold around torch.matmul, plus the same product without the hold.
 TORCH_HELD = f"""
-import ctypes, json, statistics, sys, torch
+import ctypes, json, re, statistics, sys, torch
+from torch.profiler import ProfilerActivity, profile
 torch.cuda.set_device(0)
 helpers = ctypes.CDLL(sys.argv[1])
 helpers.cuco_h_hold.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p]
@@ -83,7 +86,14 @@ for n in sizes:
     for _ in range(iters):
         held.append(once(x, w, y, g, True))
         e2e.append(once(x, w, y, g, False))
-    out[str(n)] = {{"device_ms": held, "e2e_ms": e2e}}
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # one more held product: its kernels
+        once(x, w, y, g, True)
+    kernels = {{}}
+    for e in prof.events():
+        if str(getattr(e, "device_type", "")).endswith("CUDA") and e.time_range is not None and re.search(
+                {GEMM_KERNEL.pattern!r}, e.name, re.IGNORECASE):
+            kernels[e.name] = kernels.get(e.name, 0.0) + e.time_range.end - e.time_range.start
+    out[str(n)] = {{"device_ms": held, "e2e_ms": e2e, "kernels_us": kernels}}
 print(json.dumps({{"sizes": out, "hold_timed_out": int(timed_out[0]), "torch": torch.__version__}}))
 """
 
@@ -91,11 +101,15 @@ print(json.dumps({{"sizes": out, "hold_timed_out": int(timed_out[0]), "torch": t
 def harness_row(ev: GpuEvaluator, n: int, iters: int, warmup: int) -> dict[str, Any]:
     req = EvalRequest(candidate_code=CUBLAS_ALONE.read_text(), workload_dir=str(WL),
                       params={"M": n, "N": n, "K": n}, world_size=1, backend="nccl", iters=iters, warmup=warmup,
-                      trials=1, measure_seed=False, label=f"cublas_alone-{n}")
+                      trials=1, measure_seed=False, timeline=True, label=f"cublas_alone-{n}")
     res = ev.evaluate(req)
     timing = res.timing or {}
     dev, e2e = timing.get("device") or {}, timing.get("end_to_end") or {}
-    return {"verdict": res.verdict, "reason": res.reason[:300], "score": timing.get("score"),
+    kernels: dict[str, float] = {}
+    for r in res.timeline or []:  # one profiled (held) step: the product's kernels, not the harness's own
+        if GEMM_KERNEL.search(r["name"]):
+            kernels[r["name"]] = kernels.get(r["name"], 0.0) + r["dur_us"]
+    return {"verdict": res.verdict, "reason": res.reason[:300], "score": timing.get("score"), "kernels_us": kernels,
             "device_ms": dev.get("iteration_ms"), "e2e_ms": e2e.get("iteration_ms"),
             "device_median_ms": dev.get("median_ms"), "e2e_median_ms": e2e.get("median_ms"),
             "notes": res.provenance.get("notes", []), "nccl": res.provenance.get("nccl"),
@@ -111,15 +125,19 @@ def table(meta: dict[str, Any], rows: list[dict[str, Any]], bar: float) -> str:
              "same without the hold (host launches included). Bar: within "
              f"{bar:.0%}.", "",
              "| M=N=K | harness device (ms) | torch device (ms) | harness / torch | within bar | harness end to end "
-             "(ms) | torch end to end (ms) |",
-             "| ---: | ---: | ---: | ---: | :---: | ---: | ---: |"]
+             "(ms) | torch end to end (ms) | harness kernels (us) | torch kernels (us) |",
+             "| ---: | ---: | ---: | ---: | :---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v:.4f}"
+
+        def us(v: float | None) -> str:
+            return "-" if v is None else f"{v:.1f}"
         ratio = r.get("ratio")
         lines.append(f"| {r['n']} | {ms(r['harness_device_ms'])} | {ms(r['torch_device_ms'])} | "
                      f"{'-' if ratio is None else f'{ratio:.3f}'} | {'yes' if r['ok'] else 'NO'} | "
-                     f"{ms(r['harness_e2e_ms'])} | {ms(r['torch_e2e_ms'])} |")
+                     f"{ms(r['harness_e2e_ms'])} | {ms(r['torch_e2e_ms'])} | {us(r['harness_kernels_us'])} | "
+                     f"{us(r['torch_kernels_us'])} |")
     return "\n".join(lines) + "\n"
 
 
@@ -153,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             ratio = hdev / tdev if hdev and tdev else None
             rows.append({"n": n, "harness_device_ms": hdev, "torch_device_ms": tdev, "ratio": ratio,
                          "ok": ratio is not None and abs(ratio - 1.0) <= args.bar, "harness_e2e_ms": h["e2e_median_ms"],
-                         "torch_e2e_ms": te2e, "harness": h, "torch_error": t.get("error")})
+                         "torch_e2e_ms": te2e, "harness": h, "torch_error": t.get("error"),
+                         "harness_kernels_us": sum(h["kernels_us"].values()) if h["kernels_us"] else None,
+                         "torch_kernels_us": sum(td["kernels_us"].values()) if td.get("kernels_us") else None})
             print(f"launch_bias: {n}: harness {hdev} ms, torch {tdev} ms, ratio {ratio}", flush=True)
     finally:
         ev.close()
