@@ -7,7 +7,8 @@
   2. no false alarms: every sample's device_lsa.cu and its copy seed at 1 (nccl), 2 and 4 (symm) ranks, small
      preset, must pass; at 2 and 4 ranks each is evaluated with and without the stress build, and the L2 time
      (load, set-up and trials, as the slowest rank saw it) of both is the stress build's cost, next to its
-     compile time.
+     compile time. --variants adds every sample's covering set of knob variants (benchmarks/common.py) at 2 and
+     4 ranks under the stress build (two builds each: budget minutes for it).
 Writes <out>/race_amplification.json (default benchmarks/harness/) and prints a table. Stops starting evaluations
 when --budget-s is spent (what did not run is listed under "skipped"). Exit code 0 when every claim held.
 """
@@ -23,8 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-# Run by path, not installed: the repository root (the kit) goes first on sys.path.
+# Run by path, not installed: the repository root (the kit) and benchmarks/ (common) go first on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import covering_variants, short
 
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.evaluate.device import detect_gpu, git_revision
@@ -96,14 +100,25 @@ def detection(run: Run, seeds: int, plain_seeds: int) -> dict[str, Any]:
     return out
 
 
-def honest(run: Run) -> list[dict[str, Any]]:
+def knob_variants(name: str) -> list[tuple[str, str]]:
+    """(label, source) of a sample's covering knob variants other than its default."""
+    code = (ROOT / "sample_kernels" / name / "device_lsa.cu").read_text()
+    return [(f"device_lsa.cu[{short(kv)}]", src) for kv, src in covering_variants(code)[1:]]
+
+
+def honest(run: Run, variants: bool) -> list[dict[str, Any]]:
     rows = []
     for name in WORKLOADS:
         wl = ROOT / "sample_kernels" / name
+        extra = knob_variants(name) if variants else []
+        if extra:
+            with ThreadPoolExecutor(max_workers=12) as pool:
+                list(pool.map(run.ev.prebuild, [EvalRequest(candidate_code=src, workload_dir=str(wl), world_size=2,
+                                                            backend="symm") for _, src in extra]))
         for world in WORLD_BACKEND:
-            for f in HONEST:
-                code = (wl / f).read_text()
-                for stress in ((True, False) if world > 1 else (True,)):
+            cases = [(f, (wl / f).read_text()) for f in HONEST] + (extra if world > 1 else [])
+            for f, code in cases:
+                for stress in ((True, False) if world > 1 and f in HONEST else (True,)):
                     res = run.evaluate(f"{name}/{f} W{world} stress={stress}", code, wl, world, 0, stress)
                     if res is None:
                         continue
@@ -143,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain-seeds", type=int, default=10, help="seeds of the comparison without the stress build")
     ap.add_argument("--budget-s", type=float, default=210.0)
     ap.add_argument("--skip-honest", action="store_true")
+    ap.add_argument("--variants", action="store_true", help="also every sample's covering set of knob variants")
     args = ap.parse_args(argv)
     gpus = detect_gpu()
     if not gpus:
@@ -153,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         build_s = prebuild(run)
         det = detection(run, args.seeds, args.plain_seeds)
-        rows = [] if args.skip_honest else honest(run)
+        rows = [] if args.skip_honest else honest(run, args.variants)
     finally:
         run.ev.close()
     required_ok = all(det[f"{f}|stress"]["caught"] >= MIN_CAUGHT * args.seeds for f in REQUIRED)
