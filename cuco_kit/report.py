@@ -9,11 +9,13 @@ from typing import Any
 
 import pandas as pd
 
+from cuco_kit.evaluate.api import timing_medians
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
            "island", "cell", "knobs", "status", "level_reached", "verdict", "reason", "median_ms", "spread_ms",
-           "seed_median_ms", "speedup", "flagged", "badge", "world_size", "backend", "gpu", "date"]
+           "seed_median_ms", "speedup", "flagged", "badge", "world_size", "backend", "gpu", "date", "timing",
+           "device_ms", "e2e_ms"]
 
 
 def run_frame(store: Store, run_id: int) -> pd.DataFrame:
@@ -23,6 +25,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
     for e in store.evaluations(run_id=run_id):
         p: Mapping[str, Any] = programs.get(e["program_id"], {})
         prov = e.get("provenance") or {}
+        score, device_ms, e2e_ms = timing_medians((e.get("result") or {}).get("timing"))
         rows.append({
             "evaluation_id": e["id"], "program_id": e["program_id"], "parent_id": p.get("parent_id"),
             "second_parent_id": p.get("second_parent_id"), "source": p.get("source"), "name": p.get("name"),
@@ -32,7 +35,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "spread_ms": e.get("spread_ms"), "seed_median_ms": e.get("seed_median_ms"),
             "speedup": e.get("speedup"), "flagged": bool(e.get("flagged")), "badge": e.get("badge"),
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
-            "date": prov.get("date"),
+            "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
         })
     return pd.DataFrame(rows, columns=COLUMNS)
 
