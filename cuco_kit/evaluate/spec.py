@@ -47,7 +47,8 @@ class EvaluatorSpec:
         return KINDS[self.kind]
 
     def _gpu_config(self, visible_devices: str | None) -> EvaluatorConfig:
-        opts = {k: Path(v) if k in _PATH_OPTIONS and v is not None else v for k, v in self.options.items()}
+        opts: dict[str, Any] = {k: Path(v) if k in _PATH_OPTIONS and v is not None else v
+                                for k, v in self.options.items()}
         return EvaluatorConfig(**opts, visible_devices=visible_devices)
 
     def make(self, visible_devices: str | None = None) -> Evaluator:
