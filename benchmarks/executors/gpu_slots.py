@@ -5,12 +5,13 @@ single-evaluator figures recorded in benchmarks/search/ (results-nccl1.json, res
   set -a; . cuco_kit/evaluate/multicast_off.env; set +a
   PYTHONPATH=. python3 benchmarks/executors/gpu_slots.py --out "$OUT" [--budget-s 200] [--parts nccl1,symm4]
 
-Each part is a fresh search (a new store in a temp dir) of ``--candidates`` candidates with the design-space
-source, on every GPU nvidia-smi lists (``--gpus`` to choose), within its share of ``--budget-s``. The build cache
-starts as the machine has it: the builds a fresh machine makes run on the CPU pool during the search, and their
-time counts. Evaluations per GPU-hour = candidates / search wall / GPUs x 3600. Writes gpu_slots.json and
-gpu_slots.md into --out (copy them to benchmarks/executors/); exit code 0 when every part evaluated at least
-half its candidates with each evaluation of a slot reporting that slot's GPUs.
+Each part is a fresh search (a new store in a temp dir) of ``--candidates`` candidates (uniform random knob points
+by default, which needs no optuna on the GPU image; ``--source design`` for the Optuna source), on every GPU
+nvidia-smi lists (``--gpus`` to choose), within its share of ``--budget-s``. The build cache starts as the machine
+has it: the builds a fresh machine makes run on the CPU pool during the search, and their time counts.
+Evaluations per GPU-hour = candidates / search wall / GPUs x 3600. Writes gpu_slots.json and gpu_slots.md into
+--out (copy them to benchmarks/executors/); exit code 0 when every part evaluated at least half its candidates
+and each slot's evaluations report that slot's GPUs.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from cuco_kit.evaluate.spec import EvaluatorSpec  # noqa: E402
 from cuco_kit.events import EventBus  # noqa: E402
 from cuco_kit.search.budget import BudgetConfig  # noqa: E402
 from cuco_kit.search.config import SearchConfig  # noqa: E402
-from cuco_kit.search.design_space import DesignSpaceSource  # noqa: E402
+from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource  # noqa: E402
 from cuco_kit.search.engine import SearchEngine  # noqa: E402
 from cuco_kit.search.slots import build_workers_default, local_executor  # noqa: E402
 from cuco_kit.store import Store  # noqa: E402
@@ -73,7 +74,8 @@ def run_part(part: str, gpus: list[str], args: argparse.Namespace, wall_cap: flo
     db = Path(tempfile.mkdtemp(prefix="cuco-gpu-slots-")) / f"{part}.sqlite"
     t0 = time.monotonic()
     with Store(db) as st:
-        summary = SearchEngine(WL_REL, st, ex, [DesignSpaceSource()], cfg, events, executor=ex).run()
+        source = DesignSpaceSource() if args.source == "design" else RandomKnobSource()
+        summary = SearchEngine(WL_REL, st, ex, [source], cfg, events, executor=ex).run()
         evs = st.evaluations(run_id=summary.run_id)
         programs = {p["id"]: p for p in st.programs(summary.run_id)}
     wall = time.monotonic() - t0
@@ -97,7 +99,7 @@ def run_part(part: str, gpus: list[str], args: argparse.Namespace, wall_cap: flo
 def table(res: dict[str, Any]) -> str:
     lines = ["# Slot executor on the GPU machine", "",
              f"{res['date']}, {res['machine']}; `benchmarks/executors/gpu_slots.py` (offline search of "
-             "gemm_allgather, design-space source, 10 timed iterations, builds overlapped on a CPU pool, the "
+             f"gemm_allgather, {res['source']} knob source, 10 timed iterations, builds overlapped on a CPU pool, the "
              "machine's build cache as it was). Earlier figure: the single evaluator of benchmarks/search/ "
              "(search phase only, every variant built beforehand).", "",
              "| part | GPUs | slots | candidates (passed) | wall s | mean eval s | build cache hits | "
@@ -116,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", default="nccl1,symm4")
     ap.add_argument("--preset", default="4096")
     ap.add_argument("--candidates", type=int, default=24)
+    ap.add_argument("--source", choices=["random", "design"], default="random",
+                    help="random knob points (no optuna needed) or the design-space source (optuna)")
     ap.add_argument("--gpus", default=None, help="GPU indices (default: all nvidia-smi lists)")
     ap.add_argument("--build-workers", type=int, default=build_workers_default())
     args = ap.parse_args(argv)
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         runs.append(run_part(part, gpus, args, cap))
         print(json.dumps({k: v for k, v in runs[-1].items() if k != "slot_gpus"}), flush=True)
     res = {"date": dt.date.today().isoformat(), "machine": f"{len(listed)} x {listed[0]['name']}" if listed else "?",
-           "parts": runs}
+           "source": args.source, "parts": runs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu_slots.json").write_text(json.dumps(res, indent=1, sort_keys=True) + "\n")
