@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from cuco_kit.cli import main
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.spec import EvaluatorSpec
@@ -98,6 +99,15 @@ def test_too_few_gpus_is_one_line_before_anything_starts(cluster: str) -> None:
     with pytest.raises(BadInput, match="a world of 8 ranks under nccl needs 8 GPUs on one node") as e:
         ray_executor(EvaluatorSpec("simulated"), 8, "nccl")
     assert "\n" not in str(e.value)
+
+
+def test_cli_refuses_a_world_the_cluster_cannot_hold(cluster: str, wl: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    args = ["search", str(wl), "--db", str(tmp_path / "c.db"), "--evaluator", "simulated", "--executor", "ray",
+            "--ray-address", cluster, "--ranks", "8", "--backend", "nccl", "--generations", "1"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert "needs 8 GPUs on one node; the Ray cluster's nodes have at most 4" in err and "\n" not in err
 
 
 def test_search_on_ray_gives_each_actor_its_own_gpu_set(cluster: str, wl: Path, tmp_path: Path) -> None:

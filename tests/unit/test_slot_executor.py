@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 
+from cuco_kit import workbench
 from cuco_kit.cli import main
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, EvaluatorLost, Progress
@@ -291,3 +293,22 @@ def test_slot_board_lines_and_rows() -> None:
     row = board.rows()[0]
     assert row["evaluations"] == 1 and row["per_hour"] == 9000.0 and row["lost"] == 1 and row["program_id"] is None
     assert board.total_per_hour() == 9000.0
+
+
+def test_notebook_search_with_slots(wl: Path, tmp_path: Path) -> None:
+    ex = local_executor(EvaluatorSpec("simulated", {"seed": 5}), ["0", "1"], 2, "symm")
+    engine, store = workbench.new_search(wl, ex, db=tmp_path / "nb.db", gate="auto", generations=1, executor=ex)
+    try:
+        summary = engine.run()
+        slots = {e["result"]["provenance"]["slot"] for e in store.evaluations(run_id=summary.run_id)}
+    finally:
+        store.close()
+    assert summary.state == "finished" and summary.badge == "simulated" and slots <= {"slot 0 [GPU 0]",
+                                                                                       "slot 1 [GPU 1]"}
+
+
+def test_ray_is_the_optional_cluster_extra_and_in_dev() -> None:
+    root = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("ray") for r in extras["cluster"]) and any(r.startswith("ray") for r in extras["dev"])
+    assert '".[${extras}]"' in (root / "scripts" / "setup-env.sh").read_text()  # setup-env.sh cluster
