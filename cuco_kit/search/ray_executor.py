@@ -78,7 +78,11 @@ class RaySlot:
         strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=0)
         actor = self._cls.options(num_gpus=self._w, num_cpus=1, max_restarts=0,
                                   scheduling_strategy=strategy).remote(self._spec)
-        info = ray.get(actor.describe.remote(), timeout=self.start_timeout_s)
+        try:
+            info = ray.get(actor.describe.remote(), timeout=self.start_timeout_s)
+        except BaseException:
+            ray.kill(actor, no_restart=True)
+            raise
         self._actor, self.pid, self.gpus = actor, int(info["pid"]), str(info["gpus"])
         self.label = f"actor {self.index} [GPU {self.gpus}]"
 
@@ -149,6 +153,7 @@ def ray_executor(spec: EvaluatorSpec, world_size: int, backend: str, *, address:
     this machine on 127.0.0.1."""
     try:
         import ray
+        from ray.exceptions import RayError
         from ray.util.placement_group import placement_group, remove_placement_group
     except ImportError:
         raise BadInput(f"--executor ray: ray is not installed; {INSTALL_HINT}") from None
@@ -181,8 +186,13 @@ def ray_executor(spec: EvaluatorSpec, world_size: int, backend: str, *, address:
                            f"{start_timeout_s:.0f} s (other jobs hold its GPUs?); free them or ask for fewer slots")
         actor_cls = ray.remote(EvaluatorActor)
         spec_json = spec.to_json()
-        slots = [RaySlot(i, actor_cls, spec_json, pg, per_set, start_timeout_s=start_timeout_s,
-                         eval_timeout_s=eval_timeout_s) for i, pg in enumerate(pgs)]
+        for i, pg in enumerate(pgs):
+            try:
+                slots.append(RaySlot(i, actor_cls, spec_json, pg, per_set, start_timeout_s=start_timeout_s,
+                                     eval_timeout_s=eval_timeout_s))
+            except RayError as exc:
+                raise BadInput(f"evaluator actor {i} did not start ({_first_line(exc)}); is the kit installed on "
+                               "every node?") from None
         if workload_dir is not None:
             folder = str(Path(workload_dir).resolve())
             missing = [f"{s.label}: {m}" for s in slots if (m := s.missing(folder))]
