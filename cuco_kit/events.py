@@ -14,7 +14,8 @@ optional, and publishers may add more):
 ``evaluation_started``   an evaluation was stored as in flight.
                          evaluation_id, program_id, world_size, backend, badge.
 ``evaluation_progress``  a step inside an evaluation (the evaluator's Progress dict, flattened).
-                         evaluation_id; optional: program_id, level ("L0".."L3"), rank, step, done, total.
+                         evaluation_id; optional: program_id, level ("L0".."L3"), rank, step, done, total; from
+                         a slot executor, steps slot_start / slot_done / slot_lost with slot, slot_label, gpus.
 ``evaluation_finished``  an evaluation's result was committed.
                          evaluation_id, program_id, level_reached, verdict, median_ms, speedup, badge
                          (median_ms and speedup are None when it did not pass); optional: reason, flagged.

@@ -17,6 +17,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cuco_kit.commands.executor_options import (
+    add_executor_arguments,
+    check_executor_arguments,
+    make_executor,
+    slot_printer,
+)
 from cuco_kit.commands.llm_options import (
     PROBE_TIMEOUT_S,
     LLMBreaker,
@@ -29,11 +35,8 @@ from cuco_kit.commands.llm_options import (
     unanswered,
 )
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import Evaluator
 from cuco_kit.evaluate.device import gpu_present
-from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-from cuco_kit.evaluate.replay import ReplayEvaluator
-from cuco_kit.evaluate.simulated import SimulatedEvaluator
+from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
 from cuco_kit.search.budget import BudgetConfig
@@ -63,6 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
     add_llm_arguments(parser)
+    add_executor_arguments(parser)
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -71,6 +75,7 @@ def _check_arguments(args: argparse.Namespace) -> None:
     if not 1 <= args.ranks <= MAX_RANKS:
         raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
     check_llm_arguments(args)
+    check_executor_arguments(args)
 
 
 def _check_workload(wl: Workload, args: argparse.Namespace) -> None:
@@ -84,21 +89,21 @@ def _check_workload(wl: Workload, args: argparse.Namespace) -> None:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
 
 
-def _evaluator(args: argparse.Namespace, workload_dir: Path, workload_name: str) -> Evaluator:
+def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, workload_name: str) -> EvaluatorSpec:
     if args.evaluator == "simulated":
-        return SimulatedEvaluator(seed=args.seed)
+        return EvaluatorSpec("simulated", {"seed": args.seed})
     if args.evaluator == "replay":
         candidates = [os.environ.get("CUCO_REPLAY_DB"), workload_dir / "replay.db",
                       Path("benchmarks/search") / f"{workload_name}.db"]
         for c in candidates:
             if c and Path(c).is_file():
-                return ReplayEvaluator(c)
+                return EvaluatorSpec("replay", {"path": str(c)})
         raise BadInput("--evaluator replay needs a replay database: set CUCO_REPLAY_DB, or commit one as "
                        f"{workload_dir / 'replay.db'} or benchmarks/search/{workload_name}.db")
-    if not gpu_present():
+    if args.executor == "local" and not gpu_present():
         # Without a GPU the GPU evaluator measures nothing: every program would end "unavailable" at L1.
         raise BadInput(f"--evaluator gpu: this machine has no GPU (nvidia-smi lists none); {NO_GPU_HINT}")
-    return GpuEvaluator()
+    return EvaluatorSpec("gpu")
 
 
 def _sources(mutator: str, breaker: LLMBreaker | None) -> list[ProposalSource]:
@@ -159,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     if args.mutator != "offline":
         llm = llm_config(args)
         check_llm_reachable(llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
-    evaluator = _evaluator(args, workload_dir, wl.name)
+    spec = _evaluator_spec(args, workload_dir, wl.name)
     db = Path(args.db)
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
@@ -179,8 +184,15 @@ def run(args: argparse.Namespace) -> int:
         config.phases.exploit.mix = {"design_space": 1.0}
     events = EventBus()
     events.subscribe(_printer(args.json))
+    events.subscribe(slot_printer(sys.stderr if args.json else sys.stdout))
     breaker = LLMBreaker(OpenAICompatibleClient(llm)) if llm is not None else None
-    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator, breaker), config, events)
+    try:
+        executor = make_executor(args, spec, str(workload_dir))
+    except BadInput:
+        store.close()
+        raise
+    engine = SearchEngine(workload_dir, store, executor or spec.make(), _sources(args.mutator, breaker), config,
+                          events, executor=executor)
     if breaker is not None:
         breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,

@@ -88,6 +88,11 @@ class EvalResult:
         return cls(**d)
 
 
+class EvaluatorLost(RuntimeError):
+    """The evaluator itself went away mid-evaluation (its process, GPU, actor or node), so the request has no
+    result: infrastructure, never the candidate's failure. An executor retries the request elsewhere."""
+
+
 class Evaluator(Protocol):
     """Anything that turns a request into a result. Implementations must not raise for a bad candidate: that is
     a result with verdict "fail"; they raise only for misuse (unknown workload, bad request)."""

@@ -9,7 +9,9 @@ run on that build, whose signalling primitives pause at random (runtime/cuco_str
 build. Every passing result carries both timings (device and end to end, docs/timing.md); the ratio to the seed
 compares the same timing on both sides.
 
-Safe to call from a worker thread (one evaluation at a time per evaluator; a lock serialises callers).
+Safe to call from a worker thread (one evaluation at a time per evaluator; a lock serialises callers). An executor
+runs several evaluators at once, one per GPU set: ``EvaluatorConfig.visible_devices`` gives each its GPUs (its
+ranks' CUDA_VISIBLE_DEVICES, and its own MPS daemon's when it starts one).
 """
 from __future__ import annotations
 
@@ -73,6 +75,8 @@ class EvaluatorConfig:
     request_timeout_s: float = 900.0
     run_l0: bool = True
     build: BuildConfig | None = None  # None = its defaults
+    # The GPUs this evaluator's ranks (and MPS daemon) see, CUDA_VISIBLE_DEVICES syntax ("2,3"); None = all.
+    visible_devices: str | None = None
 
     def pool_config(self) -> PoolConfig:
         return PoolConfig(recycle_every=self.recycle_every, start_timeout_s=self.start_timeout_s)
@@ -92,6 +96,19 @@ def run_l0(code: str, parent_code: str | None) -> tuple[bool | None, list[str], 
         raise
     rep = check_candidate(code, parent_code)
     return bool(rep.ok), list(rep.reasons), ""
+
+
+def prebuild(config: EvaluatorConfig, request: EvalRequest, *, stress: bool | None = None) -> bool:
+    """L1 for a request ahead of its evaluation, into ``config``'s build cache (no GPU, no evaluator needed: a
+    build pool on any CPU can warm the cache), with the stress build its L2 trials will use when ``stress``
+    (default: ``config.stress`` at two ranks and more). Returns whether the build succeeded (or was cached)."""
+    cfg = for_workload(config.build, request.workload_dir)
+    ok = bool(build(request.candidate_code, request.backend, cfg, config.cache_dir).ok)
+    if stress is None:
+        stress = config.stress and request.world_size > 1
+    if ok and stress and has_stress_hooks(request.candidate_code):
+        build(request.candidate_code, request.backend, stress_config(cfg), config.cache_dir)
+    return ok
 
 
 def _emit(progress: Progress | None, **event: Any) -> None:
@@ -148,11 +165,7 @@ class GpuEvaluator:
     def prebuild(self, request: EvalRequest) -> bool:
         """L1 for a request ahead of its evaluation (thread-safe, no GPU): the search calls this for upcoming
         candidates so nvcc runs while the GPU evaluates. Returns whether the build succeeded (or was cached)."""
-        cfg = for_workload(self.cfg.build, request.workload_dir)
-        ok = bool(build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
-        if ok and self._wants_stress(request) and has_stress_hooks(request.candidate_code):
-            build(request.candidate_code, request.backend, stress_config(cfg), self.cfg.cache_dir)
-        return ok
+        return prebuild(self.cfg, request, stress=self._wants_stress(request))
 
     def _wants_stress(self, request: EvalRequest) -> bool:
         """Whether the request's L2 trials run stressed (world > 1, and a GPU to run them: no second build for
@@ -273,9 +286,23 @@ class GpuEvaluator:
         return self._run_gpu(req, wl, params, b.so_path, seed_so, stress_so, prov, logs, notes, progress)
 
     def _detect(self) -> list[dict[str, str]]:
+        """The GPUs this evaluator may use: nvidia-smi's list, narrowed to ``visible_devices`` when set."""
         if self._gpus is None:
-            self._gpus = detect_gpu()
+            gpus = detect_gpu()
+            vis = self.cfg.visible_devices
+            if vis is not None:
+                wanted = [v.strip() for v in vis.split(",") if v.strip()]
+                gpus = [g for w in wanted for g in gpus if w in (g.get("index"), g.get("uuid"))]
+            self._gpus = gpus
         return self._gpus
+
+    def _cuda_visible(self) -> str | None:
+        """CUDA_VISIBLE_DEVICES for the ranks and the MPS daemon: the set's GPU UUIDs, which mean the same in a
+        client of an MPS server started on that set (indices would be renumbered by the server)."""
+        if self.cfg.visible_devices is None:
+            return None
+        uuids = [g["uuid"] for g in self._detect() if g.get("uuid")]
+        return ",".join(uuids) or self.cfg.visible_devices
 
     def _helpers_so(self) -> Path:
         if self._helpers is None:
@@ -286,7 +313,7 @@ class GpuEvaluator:
         if not self.cfg.use_mps:
             return MpsState(False, False, note="MPS disabled by config")
         if self._mps is None:
-            self._mps = MpsDaemon(self.root / "mps")
+            self._mps = MpsDaemon(self.root / "mps", visible_devices=self._cuda_visible())
         return self._mps.ensure()
 
     def _group_spec(self, req: EvalRequest, params: dict[str, int], scratch: Path) -> GroupSpec:
@@ -298,6 +325,9 @@ class GpuEvaluator:
                   "load_dir": str(scratch / "so"), "device": 0}
         (scratch / "so").mkdir(parents=True, exist_ok=True)
         extra: dict[str, str] = {"CUCO_STORE_TIMEOUT_S": "300"}
+        visible = self._cuda_visible()
+        if visible is not None:
+            extra["CUDA_VISIBLE_DEVICES"] = visible
         per_rank = None
         if req.backend == "symm":
             extra["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
@@ -394,7 +424,7 @@ class GpuEvaluator:
                 "cuda_driver": driver_cuda_version() if gpus else None, "git": git_revision(),
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "world": req.world_size, "backend": req.backend,
-                "python": sys.version.split()[0]}
+                "cuda_visible_devices": self.cfg.visible_devices, "python": sys.version.split()[0]}
 
 
 def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) -> EvalResult:

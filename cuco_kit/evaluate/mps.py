@@ -11,7 +11,9 @@ Rules:
     restarts the daemon we started when the canary fails;
   - if MPS cannot be started, ranks run time-sliced and provenance says mps=false;
   - the daemon and the canary get the rank allow-list of the environment (launcher.inherited_env), not the
-    parent's: a rank that can see their /proc must find no secret there.
+    parent's: a rank that can see their /proc must find no secret there;
+  - one daemon per GPU set: an executor slot's evaluator starts its own (its own pipe directory) with the slot's
+    CUDA_VISIBLE_DEVICES, so several slots on one host each have MPS on their own GPUs.
 """
 from __future__ import annotations
 
@@ -50,8 +52,10 @@ def _control(cmd: str, env: dict[str, str], timeout_s: float = 10.0) -> tuple[in
         return 126, str(exc)
 
 
-def _env_with(pipe_dir: str | None, log_dir: str | None) -> dict[str, str]:
+def _env_with(pipe_dir: str | None, log_dir: str | None, visible_devices: str | None = None) -> dict[str, str]:
     env = inherited_env()
+    if visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_devices
     if pipe_dir:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe_dir
     if log_dir:
@@ -97,8 +101,9 @@ class MpsDaemon:
     """Start (if needed), check, recover and stop the MPS daemon for our rank processes."""
 
     def __init__(self, root: str | Path | None = None, python: str = sys.executable,
-                 canary_timeout_s: float = 90.0) -> None:
+                 canary_timeout_s: float = 90.0, visible_devices: str | None = None) -> None:
         self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="cuco-mps-"))
+        self.visible_devices = visible_devices  # the GPU set the daemon serves (None: all)
         self.python = python
         self.canary_timeout_s = canary_timeout_s
         self.state = MpsState(False, False, note="not started")
@@ -115,7 +120,7 @@ class MpsDaemon:
         pipe, log = self.root / "pipe", self.root / "log"
         pipe.mkdir(parents=True, exist_ok=True)
         log.mkdir(parents=True, exist_ok=True)
-        rc, out = _control_start(str(pipe), str(log))
+        rc, out = _control_start(str(pipe), str(log), self.visible_devices)
         if rc != 0:
             self.state = MpsState(False, False, note=f"could not start MPS ({out}): ranks run time-sliced")
             return self.state
@@ -129,7 +134,7 @@ class MpsDaemon:
 
     def canary(self) -> tuple[bool, str]:
         """Open a CUDA context in a child under the current MPS settings; (ok, output)."""
-        env = inherited_env()
+        env = _env_with(None, None, self.visible_devices)
         env.update(self.state.rank_env(0, 1, 100) if self.state.active else {})
         env.update(MULTICAST_OFF)
         try:
@@ -181,11 +186,12 @@ class MpsDaemon:
                 "mps_thread_percentage": dict(self.state.thread_percentage)}
 
 
-def _control_start(pipe_dir: str, log_dir: str) -> tuple[int, str]:
+def _control_start(pipe_dir: str, log_dir: str, visible_devices: str | None = None) -> tuple[int, str]:
     exe = shutil.which(CONTROL)
     assert exe is not None
     try:
-        p = subprocess.run([exe, "-d"], capture_output=True, text=True, env=_env_with(pipe_dir, log_dir),
+        p = subprocess.run([exe, "-d"], capture_output=True, text=True,
+                           env=_env_with(pipe_dir, log_dir, visible_devices),
                            timeout=30)
     except (subprocess.TimeoutExpired, OSError) as exc:
         return 1, str(exc)

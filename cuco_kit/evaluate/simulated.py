@@ -7,11 +7,16 @@ win, some combinations clash) that a search can learn. Some combinations fail at
 ("verification") with a reason; per-iteration noise comes from an RNG seeded by (seed, code, request seed), so
 the same request always gets the same result. L0 is the real static check (cuco_kit.static_check) when the request
 carries the parent's code; edits outside the knob block perturb the latency a little (a hash of the code).
+
+Like a GPU evaluator it has a set of GPUs it may use: ``visible_devices`` (an executor's slot gives it), else the
+process's CUDA_VISIBLE_DEVICES (a Ray actor's); provenance reports it, so tests of the executors can check which
+GPU set evaluated what, without GPUs.
 """
 from __future__ import annotations
 
 import hashlib
 import math
+import os
 import random
 import statistics
 import threading
@@ -30,13 +35,15 @@ def _u(*parts: object) -> float:
 
 class SimulatedEvaluator:
     """``SimulatedEvaluator(seed)``: see the module doc. ``delay_s`` makes each evaluation take that long (for
-    tests of concurrency and kill/resume); ``fail_rate`` is the share of knob combinations that fail."""
+    tests of concurrency and kill/resume); ``fail_rate`` is the share of knob combinations that fail;
+    ``visible_devices`` the GPU set (CUDA_VISIBLE_DEVICES syntax) it reports as its own."""
 
     badge = "simulated"
 
     def __init__(self, seed: int = 0, *, seed_ms: float = 1.0, baseline_factor: float = 1.5,
                  effect: float = 0.25, interaction: float = 0.08, noise: float = 0.02, fail_rate: float = 0.12,
-                 delay_s: float = 0.0, check_l0: bool = True, host_ms: float = 0.045) -> None:
+                 delay_s: float = 0.0, check_l0: bool = True, host_ms: float = 0.045,
+                 visible_devices: str | None = None) -> None:
         self.seed = seed
         self.host_ms = host_ms  # the end-to-end time adds this (host launches) to the device time
         self.seed_ms = seed_ms
@@ -47,6 +54,7 @@ class SimulatedEvaluator:
         self.fail_rate = fail_rate
         self.delay_s = delay_s
         self.check_l0 = check_l0
+        self.visible_devices = visible_devices
         self.calls = 0
         self.prebuilt: set[str] = set()
         self._lock = threading.Lock()
@@ -92,7 +100,9 @@ class SimulatedEvaluator:
         with self._lock:
             self.calls += 1
         prov = {"gpu": "SIMULATED (no GPU)", "simulated": True, "simulator_seed": self.seed,
-                "world": request.world_size, "backend": request.backend}
+                "world": request.world_size, "backend": request.backend,
+                "cuda_visible_devices": self.visible_devices if self.visible_devices is not None
+                else os.environ.get("CUDA_VISIBLE_DEVICES")}
         code = request.candidate_code
 
         def step(level: str, name: str) -> None:

@@ -179,6 +179,8 @@ class Population:
             r = p.result
             if r is None or r.get("verdict") == "pass" or r.get("verdict") == "unavailable":
                 continue
+            if (r.get("provenance") or {}).get("infrastructure_error"):  # lost slots teach nothing about code
+                continue
             if island is not None and p.island != island:
                 continue
             logs = r.get("logs") or {}

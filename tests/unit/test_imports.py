@@ -22,7 +22,8 @@ WIDGETS = ROOT / "widgets"
 # Third-party packages imported inside the functions that need them: slow to import, or absent from the GPU
 # machine's image. The same list as ruff's banned-module-level-imports in pyproject.toml.
 HEAVY = frozenset({"torch", "tree_sitter", "tree_sitter_cuda", "optuna", "scipy", "pandas", "plotly", "openai",
-                   "IPython", "ipywidgets", "cupy", "nbformat", "nbclient", "playwright"})
+                   "IPython", "ipywidgets", "cupy", "nbformat", "nbclient", "playwright",
+                   "ray"})
 # Top-level modules the GPU machine image provides besides the standard library.
 GPU_IMAGE = frozenset({"numpy", "torch", "cupy", "cuco_kit"})
 STDLIB = frozenset(sys.stdlib_module_names) | {"__future__"}
