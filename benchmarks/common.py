@@ -46,9 +46,11 @@ def is_number(token: str) -> bool:
 
 
 def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """Every combination of the enum knobs; the integer knobs cycle (each with its own phase) so every value of
-    every knob is built and run at least once. Returns (knob values, source) pairs, the default's values first."""
-    ks = markers.knobs(code)
+    """Every combination of the enum knobs; the integer knobs of written sets cycle (each with its own phase) so
+    every value of every such knob is built and run at least once. Range knobs (tuning: thread counts, loads in
+    flight, SM shares) stay at their defaults: a sample table compares designs, tuning them is the search's job.
+    Returns (knob values, source) pairs, the default's values first."""
+    ks = [k for k in markers.knobs(code) if k.range is None]
     enums = [k for k in ks if not all(is_number(v) for v in k.allowed)]
     ints = [k for k in ks if k not in enums]
     combos = [tuple(kv.values()) for kv in markers.knob_space(code, [k.name for k in enums])]
@@ -70,13 +72,15 @@ def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
 
 
 def smoke_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """The default and its opposite (every knob at a value other than its default): a first look on a GPU."""
-    ks = markers.knobs(code)
+    """The default and its opposite (every written-set knob at a value other than its default; range knobs at
+    their defaults, as in covering_variants): a first look on a GPU."""
+    ks = [k for k in markers.knobs(code) if k.range is None]
     opposite = {k.name: next((v for v in reversed(k.allowed) if v != k.value), k.value) for k in ks}
     return [({k.name: k.value for k in ks}, code), (opposite, markers.set_knobs(code, opposite))]
 
 
 def short(kv: Mapping[str, str]) -> str:
+    """A variant's label: its knob values, `/`-joined, enum scopes and the `k` prefix dropped."""
     return "/".join(v.split("::")[-1].lstrip("k") for v in kv.values())
 
 

@@ -3,8 +3,9 @@
   PYTHONPATH=. python3 benchmarks/search/run.py --out DIR [--budget-s 420] [--preset 4096] [--candidates 30]
   PYTHONPATH=. python3 benchmarks/search/run.py --dry-run      # CPU: SIMULATED evaluator, files in a temp dir
 
-1. Builds every knob variant of device_lsa.cu (72 = placement x sync x issuer x chunks) for each backend used,
-   plus the seeds, on a thread pool sharing the evaluator's build cache: count, seconds, cache hits.
+1. Builds every design of device_lsa.cu (72 = placement x sync x issuer x chunks; range knobs at their
+   defaults) for each backend used, plus the seeds, on a thread pool sharing the evaluator's build cache:
+   count, seconds, cache hits.
 2. Warms the rank workers of each world (seed + baseline, not recorded) and measures the per-evaluation time.
 3. Real offline searches with the GpuEvaluator, each into its own store benchmarks/search/<name>.sqlite:
    (a) 4 ranks under symm (+ MPS): for each of 3 seeds the design-space search (Optuna over the knob block) and
@@ -80,8 +81,10 @@ PASS_LOG_CHARS = 800  # log tails kept for passing evaluations in the committed 
 # ------------------------------------------------------------------------------------------------ plan
 
 def knob_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """Every point of the knob block, as (values, code)."""
-    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code)]
+    """Every combination of the knob block's written-set knobs (the designs), range knobs at their defaults, as
+    (values, code): what is worth building ahead; other tunings build on demand."""
+    names = [k.name for k in markers.knobs(code) if k.range is None]
+    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code, names)]
 
 
 def short(knobs: dict[str, str] | None) -> str:
