@@ -31,7 +31,7 @@ from cuco_kit import markers
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-from cuco_kit.evaluate.stats import FLUSH_BYTES
+from cuco_kit.evaluate.stats import FLUSH_BYTES, ratio_label
 from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ class SampleBench:
         r = self.ev.evaluate(req)
         row = {"phase": phase, "name": name, "world": world, "backend": backend, "preset": tag, "params": p,
                "verdict": r.verdict, "level": r.level_reached, "reason": r.reason[:300], "median_ms": r.median_ms,
-               "spread_ms": r.spread_ms, "seed_ms": r.seed_median_ms, "speedup": r.speedup,
+               "spread_ms": r.spread_ms, "seed_ms": r.seed_median_ms, "speedup": r.speedup, "speedup_ci": r.speedup_ci,
                "max_rel_err": r.max_rel_err, "flagged": r.flagged, "iteration_ms": r.iteration_ms,
                "per_rank_median_ms": r.per_rank_median_ms, "provenance": r.provenance}
         if r.timeline:
@@ -316,6 +316,18 @@ def l2_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def ratio_cell(row: Mapping[str, Any]) -> str:
+    """A row's speed-up for a table: "1.042 [1.013, 1.071]", with "no measurable difference" when the 95%
+    bootstrap interval contains 1.0 (rows written before intervals: the ratio alone)."""
+    sp, ci = row.get("speedup"), row.get("speedup_ci")
+    if sp is None:
+        return "-"
+    if not ci:
+        return f"{sp:.3f}"
+    label = ratio_label(ci)
+    return f"{sp:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" + (f" {label}" if label else "")
+
+
 def bench_table(rows: list[dict[str, Any]], preset: str, world: int, bound_ms: float | None = None,
                 bound_name: str = "") -> list[str]:
     g = [r for r in rows if r["phase"] == "bench" and r["preset"] == preset and r["world"] == world]
@@ -330,7 +342,7 @@ def bench_table(rows: list[dict[str, Any]], preset: str, world: int, bound_ms: f
         med = r["median_ms"]
         if med:
             lines.append(f"| {r['name']} | {r['verdict']} | {med:.4f} | {r['spread_ms'] or 0:.4f} | "
-                         f"{r['seed_ms'] or 0:.4f} | {r['speedup'] or 0:.3f} |" + (
+                         f"{r['seed_ms'] or 0:.4f} | {ratio_cell(r)} |" + (
                              f" {bound_ms / med:.3f} |" if bound_ms else ""))
         else:
             lines.append(f"| {r['name']} | {r['verdict']}: {r['reason'][:60]} | - | - | - | - |" + (

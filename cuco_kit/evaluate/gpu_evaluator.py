@@ -28,7 +28,7 @@ from cuco_kit.evaluate.build import BuildConfig, build, build_helpers, for_workl
 from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
-from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats
+from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats, speedup_ci
 from cuco_kit.workload import Workload, load_workload
 
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
@@ -293,6 +293,7 @@ class GpuEvaluator:
                     "verify_every": req.verify_every, "seed": req.seed, "jitter_us": self.cfg.jitter_us,
                     "setup_limit_s": self.cfg.setup_limit_s}
         seed_median = None
+        seed_iters: list[float] | None = None
         if seed_so is not None:
             cmd = dict(base_cmd, so_path=str(seed_so), role="seed", step_limit_s=self.cfg.seed_step_limit_s)
             sres = self._command(group, cmd, progress)
@@ -302,7 +303,7 @@ class GpuEvaluator:
                 prov["notes"] = notes
                 return EvalResult(sres.level_reached, "error", f"the workload's seed did not pass in this world "
                                   f"({sres.reason}); nothing to compare against", logs=logs, provenance=prov)
-            seed_median = sres.median_ms
+            seed_median, seed_iters = sres.median_ms, sres.iteration_ms
             group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress)
         limit = self.cfg.seed_step_limit_s
         if seed_median is not None:
@@ -319,6 +320,8 @@ class GpuEvaluator:
             if res.verdict == "pass" and res.median_ms:
                 res.speedup = seed_median / res.median_ms
                 res.flagged = res.speedup > FLAG_SPEEDUP
+                res.seed_iteration_ms = seed_iters
+                res.speedup_ci = speedup_ci(seed_iters, res.iteration_ms, seed=req.seed)
         if notes:
             res.provenance["notes"] = notes + res.provenance.get("notes", [])
         self.history.append({"label": req.label, "warm": prov["warm_workers"], "verdict": res.verdict})

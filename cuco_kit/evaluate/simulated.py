@@ -20,6 +20,7 @@ import time
 from cuco_kit import markers
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
+from cuco_kit.evaluate.stats import speedup_ci
 
 
 def _u(*parts: object) -> float:
@@ -125,18 +126,19 @@ class SimulatedEvaluator:
         truth = self.true_ms(knobs, code, request.world_size)
         iters = [truth * math.exp(rng.gauss(0.0, self.noise)) for _ in range(max(1, request.iters))]
         median = statistics.median(iters)
-        seed_ms = None
+        seed_ms = seed_iters = None
         if request.measure_seed:
             srng = random.Random(f"{self.seed}/seed/{ch}/{request.seed}")
             base = self.true_ms({}, "", request.world_size)
-            seed_ms = statistics.median(base * math.exp(srng.gauss(0.0, self.noise))
-                                        for _ in range(max(1, request.iters)))
+            seed_iters = [base * math.exp(srng.gauss(0.0, self.noise)) for _ in range(max(1, request.iters))]
+            seed_ms = statistics.median(seed_iters)
         q = statistics.quantiles(iters, n=10) if len(iters) >= 2 else [median] * 9
         speedup = seed_ms / median if seed_ms else None
         return EvalResult(
             "L3", "pass", median_ms=median, spread_ms=q[-1] - q[0], iteration_ms=iters,
             per_rank_median_ms=[median * (1.0 - 0.01 * r) for r in range(request.world_size)],
-            seed_median_ms=seed_ms, speedup=speedup, max_rel_err=1e-3 * _u(self.seed, "rel", ch),
+            seed_median_ms=seed_ms, speedup=speedup, seed_iteration_ms=seed_iters,
+            speedup_ci=speedup_ci(seed_iters, iters, seed=request.seed), max_rel_err=1e-3 * _u(self.seed, "rel", ch),
             flagged=bool(speedup and speedup > FLAG_SPEEDUP), badge="simulated", provenance=prov)
 
 

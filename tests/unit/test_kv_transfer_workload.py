@@ -17,8 +17,8 @@ from cuco_kit.evaluate.rank.harness import rel_error
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "kv_transfer"
 TINY = {"L": 2, "S": 8, "D": 16, "KVD": 4, "PAGE": 0}
 TINY_PAGED = {**TINY, "PAGE": 2}
-KNOBS = {"kPlacement", "kSyncScope", "kIssuer", "kPutBlocks", "kChunkTokens", "kPutThreads", "kLoadBatch", "kWaitThreads",
-         "kSignalThreads"}
+KNOBS = {"kPlacement", "kSyncScope", "kIssuer", "kPutBlocks", "kChunkTokens", "kPutThreads", "kLoadBatch",
+         "kWaitThreads", "kSignalThreads"}
 
 
 # ----------------------------------------------------------------------------------------------- definition
