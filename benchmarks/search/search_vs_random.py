@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import hashlib
 import itertools
 import json
 import math
@@ -30,12 +31,18 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+try:  # the rank test: scipy's when installed, else the exact one below
+    from scipy.stats import mannwhitneyu
+except ImportError:
+    mannwhitneyu = None
 
 # Run by path, not installed: the repository root (the kit) goes first on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -45,6 +52,9 @@ os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the laun
 
 from cuco_kit import markers
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Progress
+from cuco_kit.evaluate.device import detect_gpu
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.evaluate.stats import mean_ci
 from cuco_kit.events import EventBus
 from cuco_kit.search.budget import BudgetConfig
@@ -89,9 +99,7 @@ def rank_test(a: list[float], b: list[float]) -> dict[str, Any]:
     permutation test above."""
     if len(a) < 2 or len(b) < 2:
         return {"p": None, "method": "too few runs for a rank test"}
-    try:
-        from scipy.stats import mannwhitneyu
-    except ImportError:
+    if mannwhitneyu is None:
         return {"p": mann_whitney_exact(a, b),
                 "method": "Mann-Whitney U, exact permutation distribution (numpy; scipy not installed)"}
     return {"p": float(mannwhitneyu(a, b, alternative="two-sided").pvalue),
@@ -102,15 +110,25 @@ def rank_test(a: list[float], b: list[float]) -> dict[str, Any]:
 
 class PrebuildingEvaluator:
     """Builds a request's library in the calling thread before the wrapped evaluator (which serialises
-    evaluations) takes it, so parallel runs overlap their nvcc builds with each other's measurements."""
+    evaluations) takes it, so parallel runs overlap their nvcc builds with each other's measurements. Runs that
+    need the same source (every run starts from the baseline) build it once: the others wait for that build."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.badge = getattr(inner, "badge", "real")
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
 
     def evaluate(self, request: EvalRequest, progress: Progress | None = None) -> EvalResult:
         if hasattr(self.inner, "prebuild"):
-            self.inner.prebuild(request)
+            key = hashlib.sha256(f"{request.backend}\0{request.candidate_code}".encode()).hexdigest()
+            with self._guard:
+                lock = self._locks.setdefault(key, threading.Lock())
+            with lock:
+                try:
+                    self.inner.prebuild(request)
+                except Exception as exc:  # noqa: BLE001 - evaluate() builds again and reports a failure properly
+                    print(f"  prebuild of {request.label or 'a candidate'} failed: {exc}", flush=True)
         return self.inner.evaluate(request, progress)
 
 
@@ -140,7 +158,7 @@ def one_run(workload: str, method: str, seed: int, evaluator: Any, args: argpars
         progs = {p["id"]: p for p in store.programs(engine.run_id)} if engine.run_id is not None else {}
         rows, gpu = [], None
         for e in store.evaluations(run_id=engine.run_id) if engine.run_id is not None else []:
-            p = progs.get(e["program_id"], {})
+            p: Any = progs.get(e["program_id"], {})
             r = e.get("result") or {}
             gpu = gpu or (r.get("provenance") or {}).get("gpu")
             if e["status"] != "done" or p.get("source") in ("seed", "baseline"):
@@ -227,16 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     gpu = args.evaluator == "gpu"
     if gpu:
-        from cuco_kit.evaluate.device import detect_gpu
-        from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-
         if not detect_gpu():
             print("no GPU (nvidia-smi lists none): run without --evaluator gpu on a CPU machine", file=sys.stderr)
             return 2
         inner: Any = GpuEvaluator(EvaluatorConfig())
     else:
-        from cuco_kit.evaluate.simulated import SimulatedEvaluator
-
         inner = SimulatedEvaluator(seed=0)
     evaluator = PrebuildingEvaluator(inner)
     dest = Path(args.dest) if args.dest else (DEST if gpu else Path(tempfile.mkdtemp(prefix="cuco-svr-")))
