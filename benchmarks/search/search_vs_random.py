@@ -67,6 +67,7 @@ from cuco_kit.workload import load_workload
 ROOT = Path(__file__).resolve().parents[2]
 DEST = ROOT / "benchmarks" / "search"
 METHODS = ("search", "random")
+WALL_CAP_REASON = "not evaluated: the benchmark's wall cap was reached"
 # Optuna 5 deprecates constraints_func (still honoured); once per ask it would drown the log.
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
 
@@ -111,15 +112,20 @@ def rank_test(a: list[float], b: list[float]) -> dict[str, Any]:
 class PrebuildingEvaluator:
     """Builds a request's library in the calling thread before the wrapped evaluator (which serialises
     evaluations) takes it, so parallel runs overlap their nvcc builds with each other's measurements. Runs that
-    need the same source (every run starts from the baseline) build it once: the others wait for that build."""
+    need the same source (every run starts from the baseline) build it once: the others wait for that build.
+    Past `deadline` (time.monotonic()) a request is answered "unavailable" without building or measuring, and
+    the runs leave such answers out: the wall cap holds however many runs were queued for the GPU."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, deadline: float) -> None:
         self.inner = inner
+        self.deadline = deadline
         self.badge = getattr(inner, "badge", "real")
         self._locks: dict[str, threading.Lock] = {}
         self._guard = threading.Lock()
 
     def evaluate(self, request: EvalRequest, progress: Progress | None = None) -> EvalResult:
+        if time.monotonic() > self.deadline:
+            return EvalResult("L0", "unavailable", reason=WALL_CAP_REASON, badge=self.badge)
         if hasattr(self.inner, "prebuild"):
             key = hashlib.sha256(f"{request.backend}\0{request.candidate_code}".encode()).hexdigest()
             with self._guard:
@@ -129,6 +135,8 @@ class PrebuildingEvaluator:
                     self.inner.prebuild(request)
                 except Exception as exc:  # noqa: BLE001 - evaluate() builds again and reports a failure properly
                     print(f"  prebuild of {request.label or 'a candidate'} failed: {exc}", flush=True)
+        if time.monotonic() > self.deadline:
+            return EvalResult("L0", "unavailable", reason=WALL_CAP_REASON, badge=self.badge)
         return self.inner.evaluate(request, progress)
 
 
@@ -161,7 +169,7 @@ def one_run(workload: str, method: str, seed: int, evaluator: Any, args: argpars
             p: Any = progs.get(e["program_id"], {})
             r = e.get("result") or {}
             gpu = gpu or (r.get("provenance") or {}).get("gpu")
-            if e["status"] != "done" or p.get("source") in ("seed", "baseline"):
+            if e["status"] != "done" or p.get("source") in ("seed", "baseline") or r.get("reason") == WALL_CAP_REASON:
                 continue
             ok = r.get("verdict") == "pass" and not r.get("flagged")
             rows.append({"knobs": p.get("knobs"), "verdict": r.get("verdict"), "level": r.get("level_reached"),
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="gemm_allgather,moe_dispatch_combine")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=10, help="candidate evaluations per run")
-    ap.add_argument("--budget-s", type=float, default=210.0, help="wall cap: no evaluation starts after it")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="wall cap: no evaluation starts after it")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--iters", type=int, default=10)
@@ -251,12 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         inner: Any = GpuEvaluator(EvaluatorConfig())
     else:
         inner = SimulatedEvaluator(seed=0)
-    evaluator = PrebuildingEvaluator(inner)
+    deadline = time.monotonic() + args.budget_s
+    evaluator = PrebuildingEvaluator(inner, deadline)
     dest = Path(args.dest) if args.dest else (DEST if gpu else Path(tempfile.mkdtemp(prefix="cuco-svr-")))
     dest.mkdir(parents=True, exist_ok=True)
     store_dir = Path(tempfile.mkdtemp(prefix="cuco-svr-stores-"))
     parallel = args.parallel_runs or (len(workloads) * len(seeds) * len(METHODS) if gpu else 1)
-    deadline = time.monotonic() + args.budget_s
     jobs = [(wl, m, s) for s in seeds for wl in workloads for m in METHODS]  # interleaved: equal turns
     t0 = time.monotonic()
     runs: list[dict[str, Any]] = []

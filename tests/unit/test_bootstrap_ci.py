@@ -95,3 +95,27 @@ def test_summary_cuts_runs_to_an_equal_budget() -> None:
     assert s["search"]["best_speedup_per_seed"] == [1.5, 1.3]
     assert s["random"]["best_speedup_per_seed"] == [1.0, 0.0]  # the 3.0 came after the shared budget
     assert s["rank_test"]["p"] is not None and "Mann-Whitney" in s["rank_test"]["method"]
+
+
+def test_wall_cap_answers_unavailable_without_building() -> None:
+    svr = _svr()
+
+    class Inner:
+        badge = "real"
+        calls: list[str] = []
+
+        def prebuild(self, request: EvalRequest) -> bool:
+            self.calls.append("prebuild")
+            return True
+
+        def evaluate(self, request: EvalRequest, progress: object = None) -> EvalResult:
+            self.calls.append("evaluate")
+            return EvalResult("L3", "pass", speedup=1.1)
+
+    inner = Inner()
+    req = EvalRequest("int x;\n", "w")
+    assert svr.PrebuildingEvaluator(inner, deadline=float("inf")).evaluate(req).speedup == 1.1
+    assert inner.calls == ["prebuild", "evaluate"]
+    late = svr.PrebuildingEvaluator(inner, deadline=0.0).evaluate(req)
+    assert late.verdict == "unavailable" and late.reason == svr.WALL_CAP_REASON and inner.calls == ["prebuild",
+                                                                                                  "evaluate"]
