@@ -299,8 +299,9 @@ def header(meta: Mapping[str, Any], title: str) -> list[str]:
     return [f"# {title} on one {meta['gpu']} ({meta['date']})", "",
             f"GPU {meta['gpu']}, driver {meta['driver']}, NCCL {meta['nccl']}, MPS (symm rows) {meta['mps']}, "
             f"torch {meta['torch']}. Times: the harness's median over timed iterations of the slowest rank (ms), "
-            "cold L2, fresh inputs; the seed re-measured in the same run. symm: all ranks share ONE GPU (one L2, "
-            "one clock) - ratios there say nothing about NVLink.", ""]
+            "the score the workload picks (device time by default: the step's launches queued behind a hold, "
+            "docs/timing.md), cold L2, fresh inputs; the seed re-measured in the same run. symm: all ranks share "
+            "ONE GPU (one L2, one clock) - ratios there say nothing about NVLink.", ""]
 
 
 def l2_table(rows: list[dict[str, Any]]) -> list[str]:

@@ -10,13 +10,14 @@ from typing import Any
 
 import pandas as pd
 
+from cuco_kit.evaluate.api import timing_medians
 from cuco_kit.evaluate.stats import ratio_label
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
            "island", "cell", "knobs", "status", "level_reached", "verdict", "reason", "median_ms", "spread_ms",
            "seed_median_ms", "speedup", "speedup_ci", "claim", "flagged", "badge", "world_size", "backend", "gpu",
-           "date"]
+           "date", "timing", "device_ms", "e2e_ms"]
 
 
 def run_frame(store: Store, run_id: int) -> pd.DataFrame:
@@ -27,6 +28,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
         p: Mapping[str, Any] = programs.get(e["program_id"], {})
         prov = e.get("provenance") or {}
         ci = (e.get("result") or {}).get("speedup_ci")
+        score, device_ms, e2e_ms = timing_medians((e.get("result") or {}).get("timing"))
         rows.append({
             "evaluation_id": e["id"], "program_id": e["program_id"], "parent_id": p.get("parent_id"),
             "second_parent_id": p.get("second_parent_id"), "source": p.get("source"), "name": p.get("name"),
@@ -37,7 +39,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "speedup": e.get("speedup"), "speedup_ci": ci, "claim": claim(e.get("speedup"), ci),
             "flagged": bool(e.get("flagged")), "badge": e.get("badge"),
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
-            "date": prov.get("date"),
+            "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
         })
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -28,6 +28,10 @@ MAX_PARAM = 2**63 - 1
 # No GPU holds more than this per rank: a size whose tensors need more is a typo, refused before any work.
 MAX_BYTES_PER_RANK = 1 << 40
 
+# Which time scores (Workload.timing; docs/timing.md): the step's device time with its launches queued ahead of
+# it, or the end-to-end time that includes the host's launches.
+TIMINGS = ("device", "end_to_end")
+
 # Sizes of the dtypes the ABI knows (cuco_dtype_t in cuco_abi.h, same order).
 DTYPES: dict[str, tuple[int, int]] = {  # name -> (cuco_dtype_t, bytes per element)
     "u8": (0, 1),
@@ -100,6 +104,14 @@ class Workload:
     flops: Callable[[Params, int], float] | None = None  # per rank, for the METHOD floor
     comm_bytes: Callable[[Params, int], float] | None = None  # bytes each rank receives per step
     size_presets: dict[str, dict[str, int]] = field(default_factory=dict)
+    # Which time scores (docs/timing.md): "device" (the step's device time with its launches queued ahead of it,
+    # the default) or "end_to_end" (host launches included: for workloads where launch overhead is the point).
+    # Both are measured and reported either way.
+    timing: str = "device"
+
+    def __post_init__(self) -> None:
+        if self.timing not in TIMINGS:
+            raise BadInput(f"workload {self.name}: timing {self.timing!r}; use one of {', '.join(TIMINGS)}")
 
     def resolve(self, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
         """Default parameters with overrides applied; unknown names are an error, not silently ignored."""

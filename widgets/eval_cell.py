@@ -10,7 +10,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, timing_medians
 from cuco_kit.report import claim
 from cuco_kit.workload import load_workload
 
@@ -90,6 +90,7 @@ class EvalCell(W.VBox):
         row = {"candidate": req.label, "ranks": req.world_size, "backend": req.backend,
                "sizes": self.preset.value, "level": res.level_reached, "verdict": res.verdict,
                "median_ms": res.median_ms, "spread_ms": res.spread_ms, "seed_ms": res.seed_median_ms,
+               "device_ms": timing_medians(res.timing)[1], "e2e_ms": timing_medians(res.timing)[2],
                "speedup": res.speedup, "speedup_ci": res.speedup_ci, "claim": claim(res.speedup, res.speedup_ci),
                "flagged": res.flagged, "badge": res.badge, "reason": res.reason,
                "gpu": res.provenance.get("gpu")}

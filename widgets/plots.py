@@ -25,7 +25,10 @@ def _hover(row: pd.Series) -> str:
     parts = [f"#{row['program_id']} {esc(row['name'] or '')}", f"source: {esc(row['source'])}",
              f"verdict: {esc(row['verdict'])} at {esc(row['level_reached'])}"]
     if pd.notna(row["median_ms"]):
-        parts.append(f"median: {row['median_ms']:.3f} ms")
+        kind = row.get("timing")
+        parts.append(f"median: {row['median_ms']:.3f} ms" + (f" ({esc(kind)} time)" if isinstance(kind, str) else ""))
+    if pd.notna(row.get("device_ms")) and pd.notna(row.get("e2e_ms")):
+        parts.append(f"device {row['device_ms']:.3f} ms, end to end {row['e2e_ms']:.3f} ms")
     if pd.notna(row["speedup"]):
         parts.append(f"speed-up vs seed: {ratio_text(row['speedup'], row['speedup_ci'])}")
     if row["verdict"] != "pass" and row["reason"]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, timing_medians
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
@@ -110,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         if res.median_ms is not None:
             print(f"median {res.median_ms:.4f} ms (p10-p90 spread {res.spread_ms:.4f} ms) over "
                   f"{len(res.iteration_ms or [])} iterations, max over {args.ranks} rank(s)")
+            score, dev, e2e = timing_medians(res.timing)
+            if score is not None:
+                print(f"timing: device {'-' if dev is None else f'{dev:.4f} ms'}, end to end "
+                      f"{'-' if e2e is None else f'{e2e:.4f} ms'} (host launches included); the score is {score}")
         if res.speedup is not None:
             print(f"seed {res.seed_median_ms:.4f} ms -> speed-up {res.speedup:.2f}x"
                   + ("  FLAGGED (> 3x: review before it counts)" if res.flagged else ""))

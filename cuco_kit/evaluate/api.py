@@ -17,9 +17,9 @@ Verdict = Literal["pass", "fail", "error", "unavailable"]
 # synthetic landscape, or absent ("unmeasured": no GPU to measure on, so only L0/L1 ran).
 Badge = Literal["real", "replayed", "simulated", "unmeasured"]
 LEVELS: tuple[Level, ...] = ("L0", "L1", "L2", "L3")
-# The result contract's version (docs/contracts.md). 2: seed_iteration_ms and speedup_ci; a stored result
-# without a version is a version-1 one (no interval).
-RESULT_VERSION = 2
+# The result contract (docs/contracts.md). 2: `timing` (device and end-to-end times beside the score). 3:
+# `seed_iteration_ms` and `speedup_ci`, and `version` itself; a stored result without one is version 1 or 2.
+RESULT_VERSION = 3
 
 # A progress callback receives small dicts such as
 #   {"level": "L2", "rank": 1, "step": "verify", "done": 3, "total": 10}
@@ -59,7 +59,7 @@ class EvalResult:
     level_reached: Level
     verdict: Verdict
     reason: str = ""
-    median_ms: float | None = None  # median over timed iterations of the slowest rank's time
+    median_ms: float | None = None  # the score: median over timed iterations of the slowest rank's time
     spread_ms: float | None = None  # (p90 - p10) of the same
     iteration_ms: list[float] | None = None  # per timed iteration, max over ranks
     per_rank_median_ms: list[float] | None = None
@@ -75,6 +75,9 @@ class EvalResult:
     # {rank, stream, name, start_us, dur_us} per kernel of one profiled iteration (request.timeline); ranks on one
     # host share a clock, so rows of different ranks line up.
     timeline: list[dict[str, Any]] | None = None
+    # Both timings of a passing result: {"score": "device" | "end_to_end" (which one median_ms is), "device":
+    # {median_ms, spread_ms, iteration_ms} or None (the step cannot be held), "end_to_end": {...}, "note": str}.
+    timing: dict[str, Any] | None = None
     logs: dict[str, str] = field(default_factory=dict)  # "build", "rank0", ... (tails, never parsed for results)
     provenance: dict[str, Any] = field(default_factory=dict)  # gpu, driver, cuda, nccl, mps, git, date, world...
     version: int = RESULT_VERSION
@@ -88,7 +91,7 @@ class EvalResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
-        return cls(**{"version": 1, **d})  # written before results carried a version
+        return cls(**{"version": 2 if d.get("timing") else 1, **d})  # written before results carried a version
 
 
 class Evaluator(Protocol):
@@ -99,3 +102,12 @@ class Evaluator(Protocol):
 
 
 FLAG_SPEEDUP = 3.0  # above this over the seed, a result is flagged for review
+
+
+def timing_medians(timing: dict[str, Any] | None) -> tuple[str | None, float | None, float | None]:
+    """(which timing scored, device median ms, end-to-end median ms) of a result's ``timing``; None where a
+    result has no such timing (failed, older, or a step that cannot be held)."""
+    if not timing:
+        return None, None, None
+    dev, e2e = timing.get("device"), timing.get("end_to_end")
+    return (timing.get("score"), dev.get("median_ms") if dev else None, e2e.get("median_ms") if e2e else None)

@@ -36,10 +36,12 @@ TOOLKIT_INCLUDE = Path("/usr/local/cuda/include")
 DEFAULT_GENCODE: tuple[str, ...] = ("-gencode=arch=compute_90a,code=sm_90a",)
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo")
 SYMM_DEFINE = "-DCUCO_BUILD_SYMM=1"  # not CUCO_BACKEND_SYMM: that is an enumerator in cuco_abi.h
+STRESS_DEFINE = "-DCUCO_STRESS=1"  # runtime/cuco_stress.h: random pauses in the signalling primitives
 NCCL_SONAME = "libnccl.so.2"
 CUBLAS_SONAME = "libcublas.so.13"
 _BACKENDS_LINE = re.compile(r"^\s*//\s*cuco:\s*backends\s*=\s*([\w,\s]+)$", re.MULTILINE)
 _HOST_NCCL_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"]nccl\.h[>\"]", re.MULTILINE)
+_RUNTIME_PRIMITIVES_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"]cuco_lsa\.h[>\"]", re.MULTILINE)
 
 
 def _nvidia_wheel_dir(name: str) -> Path | None:
@@ -99,6 +101,21 @@ def for_workload(cfg: BuildConfig | None, directory: str | Path) -> BuildConfig:
     if not any(d.glob("*.cuh")):
         return cfg
     return dataclasses.replace(cfg, workload_include=d.resolve())
+
+
+def has_stress_hooks(code: str) -> bool:
+    """Whether a source includes the runtime's signalling primitives (cuco_lsa.h), which its stress build
+    instruments; without them a stress build would be the same program."""
+    return _RUNTIME_PRIMITIVES_INCLUDE.search(code) is not None
+
+
+def stress_config(cfg: BuildConfig | None) -> BuildConfig:
+    """``cfg`` for the stress build of a candidate (the harness's L2 trials at two ranks and more): the same
+    command plus STRESS_DEFINE, so it is cached under its own key next to the timed build."""
+    cfg = cfg or BuildConfig()
+    if STRESS_DEFINE in cfg.extra_flags:
+        return cfg
+    return dataclasses.replace(cfg, extra_flags=(*cfg.extra_flags, STRESS_DEFINE))
 
 
 @dataclass

@@ -4,6 +4,11 @@ L0 and L1 run in this process (no CUDA). L2 and L3 run in warm rank workers (poo
 windows and the flag region between candidates; the workload's seed is re-measured in the same world with the
 same protocol for every request, so results are ratios. This process never creates a CUDA context.
 
+At two ranks and more the candidate is also built with the stress define (build.stress_config): its L2 trials
+run on that build, whose signalling primitives pause at random (runtime/cuco_stress.h), and L3 times the plain
+build. Every passing result carries both timings (device and end to end, docs/timing.md); the ratio to the seed
+compares the same timing on both sides.
+
 Safe to call from a worker thread (one evaluation at a time per evaluator; a lock serialises callers).
 """
 from __future__ import annotations
@@ -18,13 +23,23 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Level, Progress, Verdict
-from cuco_kit.evaluate.build import BuildConfig, build, build_helpers, for_workload, nccl_header_version
+from cuco_kit.evaluate.build import (
+    BuildConfig,
+    BuildResult,
+    build,
+    build_helpers,
+    for_workload,
+    has_stress_hooks,
+    nccl_header_version,
+    stress_config,
+)
 from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
@@ -46,6 +61,10 @@ class EvaluatorConfig:
     use_mps: bool = True  # symm: run ranks under MPS (started only when no daemon answers)
     mps_thread_percentage: int | None = None  # per rank; None = round(100 / world)
     jitter_us: float = 200.0  # max random per-rank delay before each L2 trial (world > 1)
+    stress: bool = True  # world > 1: L2 trials on the stress build (random pauses in the signalling primitives)
+    stress_max_delay_us: float = 50.0  # longest pause after a signal / before a wait returns
+    stress_permille: int = 500  # chance of a pause per call, in 1/1000
+    hold_timeout_s: float = 0.5  # device timing: a hold not released by then is a step that waits on its stream
     seed_step_limit_s: float = 30.0  # watchdog for the seed itself (no reference time yet)
     min_step_limit_s: float = 2.0  # watchdog: max(min_step_limit_s, step_limit_factor x seed step)
     step_limit_factor: float = 50.0
@@ -130,7 +149,16 @@ class GpuEvaluator:
         """L1 for a request ahead of its evaluation (thread-safe, no GPU): the search calls this for upcoming
         candidates so nvcc runs while the GPU evaluates. Returns whether the build succeeded (or was cached)."""
         cfg = for_workload(self.cfg.build, request.workload_dir)
-        return bool(build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
+        ok = bool(build(request.candidate_code, request.backend, cfg, self.cfg.cache_dir).ok)
+        if ok and self._wants_stress(request) and has_stress_hooks(request.candidate_code):
+            build(request.candidate_code, request.backend, stress_config(cfg), self.cfg.cache_dir)
+        return ok
+
+    def _wants_stress(self, request: EvalRequest) -> bool:
+        """Whether the request's L2 trials run stressed (world > 1, and a GPU to run them: no second build for
+        nothing); the stress BUILD is only made for a candidate that has the runtime's primitives to instrument,
+        the others get the harness's late-rank jitter alone."""
+        return self.cfg.stress and request.world_size > 1 and bool(self._detect())
 
     def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
                  timeout_s: float = 300.0) -> str:
@@ -202,12 +230,26 @@ class GpuEvaluator:
         # L1
         _emit(progress, level="L1", rank=None, step="build", done=0, total=1)
         bcfg = for_workload(self.cfg.build, wl.directory)
-        b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # the stress build beside the timed one
+            stress_job = (pool.submit(build, req.candidate_code, req.backend, stress_config(bcfg), self.cfg.cache_dir)
+                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code) else None)
+            b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
+            sb: BuildResult | None = stress_job.result() if stress_job is not None else None
         logs["build"] = _tail(b.log)
         prov["build_seconds"] = round(b.seconds, 3)
         prov["build_cached"] = b.cached
         if not b.ok or b.so_path is None:
             return EvalResult("L1", "fail", "L1: build failed (see logs['build'])", logs=logs, provenance=prov)
+        stress_so = b.so_path if self._wants_stress(req) else None  # without hooks: the harness's stress only
+        prov["l2_stress"] = stress_so is not None
+        if sb is not None:
+            prov["stress_build_seconds"] = round(sb.seconds, 3)
+            if sb.ok and sb.so_path is not None:
+                stress_so = sb.so_path
+            else:
+                logs["stress_build"] = _tail(sb.log)
+                notes.append("the stress build failed (logs['stress_build']): L2 trials ran on the timed build "
+                             "with the harness's late-rank jitter only")
         _emit(progress, level="L1", rank=None, step="build", done=1, total=1)
         gpus = self._detect()
         if not gpus:
@@ -228,7 +270,7 @@ class GpuEvaluator:
                 return EvalResult("L1", "error", f"the workload's {req.backend} seed does not build: the "
                                   "comparison is impossible", logs=logs, provenance=prov)
             seed_so = sb.so_path
-        return self._run_gpu(req, wl, params, b.so_path, seed_so, prov, logs, notes, progress)
+        return self._run_gpu(req, wl, params, b.so_path, seed_so, stress_so, prov, logs, notes, progress)
 
     def _detect(self) -> list[dict[str, str]]:
         if self._gpus is None:
@@ -266,7 +308,8 @@ class GpuEvaluator:
                          per_rank_env=per_rank, pythonpath=str(REPO_ROOT))
 
     def _run_gpu(self, req: EvalRequest, wl: Workload, params: dict[str, int], so: Path, seed_so: Path | None,
-                 prov: dict[str, Any], logs: dict[str, str], notes: list[str], progress: Progress | None) -> EvalResult:
+                 stress_so: Path | None, prov: dict[str, Any], logs: dict[str, str], notes: list[str],
+                 progress: Progress | None) -> EvalResult:
         key = json.dumps([str(Path(req.workload_dir).resolve()), sorted(params.items()), req.world_size,
                           req.backend])
         starts_before = self.pool.starts
@@ -291,9 +334,8 @@ class GpuEvaluator:
             prov["mps"] = False
         base_cmd = {"op": "eval", "trials": req.trials, "warmup": req.warmup, "iters": req.iters,
                     "verify_every": req.verify_every, "seed": req.seed, "jitter_us": self.cfg.jitter_us,
-                    "setup_limit_s": self.cfg.setup_limit_s}
-        seed_median = None
-        seed_iters: list[float] | None = None
+                    "setup_limit_s": self.cfg.setup_limit_s, "hold_timeout_s": self.cfg.hold_timeout_s}
+        seed_res: EvalResult | None = None
         if seed_so is not None:
             cmd = dict(base_cmd, so_path=str(seed_so), role="seed", step_limit_s=self.cfg.seed_step_limit_s)
             sres = self._command(group, cmd, progress)
@@ -303,25 +345,30 @@ class GpuEvaluator:
                 prov["notes"] = notes
                 return EvalResult(sres.level_reached, "error", f"the workload's seed did not pass in this world "
                                   f"({sres.reason}); nothing to compare against", logs=logs, provenance=prov)
-            seed_median, seed_iters = sres.median_ms, sres.iteration_ms
+            seed_res = sres
             group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress)
         limit = self.cfg.seed_step_limit_s
-        if seed_median is not None:
-            limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_median / 1000.0)
+        if seed_res is not None and seed_res.median_ms is not None:
+            limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)
         cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline)
+        if stress_so is not None:
+            cmd["stress"] = {"so_path": str(stress_so), "max_delay_ns": int(self.cfg.stress_max_delay_us * 1000),
+                             "permille": int(self.cfg.stress_permille)}
         res = self._command(group, cmd, progress)
         res.logs = {**logs, **res.logs}
         if res.reason.startswith("timeout") or "fatal" in res.provenance.get("_flags", ""):
             self._after_fault(req, notes)
         res.provenance.pop("_flags", None)
         res.provenance = {**prov, **res.provenance, "step_limit_s": round(limit, 3)}
-        if seed_median is not None:
-            res.seed_median_ms = seed_median
-            if res.verdict == "pass" and res.median_ms:
-                res.speedup = seed_median / res.median_ms
+        if seed_res is not None:
+            res.seed_median_ms = seed_res.median_ms
+            if res.verdict == "pass":
+                compare_timings(res, seed_res)
+            if res.verdict == "pass" and res.median_ms and res.seed_median_ms:
+                res.speedup = res.seed_median_ms / res.median_ms
                 res.flagged = res.speedup > FLAG_SPEEDUP
-                res.seed_iteration_ms = seed_iters
-                res.speedup_ci = speedup_ci(seed_iters, res.iteration_ms, seed=req.seed)
+                res.seed_iteration_ms = seed_iterations(res, seed_res)
+                res.speedup_ci = speedup_ci(res.seed_iteration_ms, res.iteration_ms, seed=req.seed)
         if notes:
             res.provenance["notes"] = notes + res.provenance.get("notes", [])
         self.history.append({"label": req.label, "warm": prov["warm_workers"], "verdict": res.verdict})
@@ -369,14 +416,65 @@ def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) ->
         errs: list[float] = [r["max_rel_err"] for r in replies if r and r.get("max_rel_err") is not None]
         return EvalResult(level, verdict, reason, max_rel_err=max(errs) if errs else None, logs=logs,
                           provenance={"notes": sorted(set(notes)), "_flags": flags})
-    per_rank = [r["times_ms"] for r in replies if r is not None]
-    stats = iteration_stats(per_rank)
-    errs = [r["max_rel_err"] for r in replies if r and r.get("max_rel_err") is not None]
-    notes = sorted({n for r in replies if r for n in r.get("notes", [])})
-    rows = [row for r in replies if r for row in (r.get("timeline") or [])]
+    ok = [r for r in replies if r is not None]
+    stats = iteration_stats([r["times_ms"] for r in ok])
+    errs = [r["max_rel_err"] for r in ok if r.get("max_rel_err") is not None]
+    notes = sorted({n for r in ok for n in r.get("notes", [])})
+    rows = [row for r in ok for row in (r.get("timeline") or [])]
+    prov: dict[str, Any] = {"notes": notes, "p10_ms": stats["p10_ms"], "p90_ms": stats["p90_ms"], "_flags": flags}
+    l2 = [r["l2_seconds"] for r in ok if r.get("l2_seconds") is not None]
+    if l2:
+        prov["l2_seconds"] = max(l2)
     return EvalResult("L3", "pass", "", median_ms=stats["median_ms"], spread_ms=stats["spread_ms"],
                       timeline=sorted(rows, key=lambda x: x["start_us"]) or None,
                       iteration_ms=stats["iteration_ms"], per_rank_median_ms=stats["per_rank_median_ms"],
-                      max_rel_err=max(errs) if errs else None, logs=logs,
-                      provenance={"notes": notes, "p10_ms": stats["p10_ms"], "p90_ms": stats["p90_ms"],
-                                  "_flags": flags})
+                      max_rel_err=max(errs) if errs else None, timing=merge_timings(ok), logs=logs,
+                      provenance=prov)
+
+
+def _timing_block(per_rank: list[list[float]]) -> dict[str, Any]:
+    st = iteration_stats(per_rank)
+    return {k: st[k] for k in ("median_ms", "spread_ms", "iteration_ms", "per_rank_median_ms", "p10_ms", "p90_ms")}
+
+
+def merge_timings(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Both timings of passing replies (``device_ms`` and ``e2e_ms`` per rank, combined slowest rank first as the
+    score is), and which one scored; None for replies that carry neither."""
+    if not replies or "e2e_ms" not in replies[0]:
+        return None
+    device = [r.get("device_ms") for r in replies]
+    out: dict[str, Any] = {"score": replies[0].get("timing", "end_to_end"),
+                           "device": _timing_block(device) if all(device) else None,  # type: ignore[arg-type]
+                           "end_to_end": _timing_block([r["e2e_ms"] for r in replies])}
+    if out["device"] is None:
+        out["note"] = NO_DEVICE_TIME
+    return out
+
+
+NO_DEVICE_TIME = "no device time: the step waits on its own stream inside cuco_step; scored end to end"
+
+
+def seed_iterations(res: EvalResult, seed: EvalResult) -> list[float] | None:
+    """The seed's timed iterations in the timing that scored the candidate (after compare_timings)."""
+    block = seed.timing.get(res.timing["score"]) if res.timing is not None and seed.timing is not None else None
+    return block["iteration_ms"] if block else seed.iteration_ms
+
+
+def compare_timings(res: EvalResult, seed: EvalResult) -> None:
+    """Make the candidate's score and the seed's time the same timing: when either side has no device time,
+    both are compared end to end (the candidate's median_ms then becomes its end-to-end median, and a note says
+    why). Sets res.seed_median_ms; the caller computes the ratio."""
+    if res.timing is None or seed.timing is None:
+        return
+    kind = res.timing["score"]
+    if seed.timing.get(kind) is None:
+        kind = "end_to_end"
+        res.timing["note"] = ("the seed's step waits on its own stream (no device time): candidate and seed are "
+                              "compared end to end")
+    if kind != res.timing["score"]:
+        block = res.timing[kind]
+        res.timing["score"] = kind
+        res.median_ms, res.spread_ms, res.iteration_ms = block["median_ms"], block["spread_ms"], block["iteration_ms"]
+        res.per_rank_median_ms = block["per_rank_median_ms"]
+        res.provenance.update(p10_ms=block["p10_ms"], p90_ms=block["p90_ms"])
+    res.seed_median_ms = seed.timing[kind]["median_ms"]

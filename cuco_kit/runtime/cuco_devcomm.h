@@ -13,6 +13,7 @@
  *   void cuco_signal(uint64_t* remote_flag, uint64_t epoch);  // release store, system scope
  *   void cuco_wait(const uint64_t* flag, uint64_t epoch);     // acquire loads, system scope, until >= epoch
  *   uint64_t* cuco_user_flag(uint64_t* const* peers, int rank, size_t i);  // rank's i-th candidate word
+ * (In the stress build, -DCUCO_STRESS=1, cuco_signal and cuco_wait pause at random: cuco_stress.h.)
  *
  * Why a helper and not ncclDevCommCreate directly: NCCL 2.28 and 2.29 take different requirement structs,
  * the communicator may be non-blocking, 2.28 leaves a stale CUDA error behind, and under symm there is no
@@ -27,6 +28,7 @@
 #include <cuda_runtime_api.h>
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_stress.h"  /* -DCUCO_STRESS=1: random pauses in the primitives below (race amplification) */
 #ifdef __CUDACC__
 #include <cuda/atomic>
 #endif
@@ -152,6 +154,7 @@ static inline int cuco_devcomm_create_lsa_world(cuco_ctx_t* ctx, int lsaBarrierC
  * ordered before it by a preceding __syncthreads, becomes visible to whoever acquires the flag. */
 __device__ __forceinline__ void cuco_signal(uint64_t* remote_flag, uint64_t epoch) {
   cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*remote_flag).store(epoch, cuda::memory_order_release);
+  cuco_stress_after_signal(remote_flag, epoch);
 }
 
 /* Spin until `flag` reaches `epoch`; the acquire makes the producer's earlier writes visible after it. */
@@ -160,6 +163,7 @@ __device__ __forceinline__ void cuco_wait(const uint64_t* flag, uint64_t epoch) 
 #pragma unroll 1
   while (f.load(cuda::memory_order_acquire) < epoch) {
   }
+  cuco_stress_before_wait_returns(flag, epoch);
 }
 
 /* Rank `rank`'s i-th candidate-owned flag word (past the runtime's reserved words). */

@@ -10,7 +10,9 @@
  *     region, so 2-4 ranks sharing one GPU run the unchanged kernel.
  * Either way cuco_devcomm.h adds cuco_devcomm_create/destroy (and cuco_devcomm_create_lsa_world), cuco_window,
  * cuco_flags_window and the epoch flag helpers cuco_signal/cuco_wait; cuco_errors.h the CUCO_*_TRY error
- * propagation; cuco_side_stream.h the high-priority side stream that overlapping candidates fork and join.
+ * propagation; cuco_side_stream.h the high-priority side stream that overlapping candidates fork and join;
+ * cuco_state.h the setup/step/teardown lifecycle of the state a candidate keeps in ctx->user; cuco_stress.h
+ * (through cuco_devcomm.h) the random pauses of the harness's stress build (-DCUCO_STRESS=1).
  *
  * The flag region (cuco_flags_t in cuco_abi.h): the first CUCO_FLAGS_RESERVED 64-bit words of every rank are
  * owned by the runtime (compat barriers and devComm bookkeeping). A candidate's own flags start at word
@@ -46,5 +48,6 @@ static constexpr int cuco_build_backend = CUCO_LSA_COMPAT ? CUCO_BACKEND_SYMM : 
 
 #include "cuco_devcomm.h"
 #include "cuco_side_stream.h"
+#include "cuco_state.h"
 
 #endif /* CUCO_LSA_H_ */

@@ -6,6 +6,12 @@
 //                         right before the start event so every rank's timed step starts together.
 //   cuco_h_spin           a single-thread delay (jitter before verification trials: a missing wait on a peer
 //                         flag shows when one rank is late).
+//   cuco_h_hold / cuco_h_release  the stream holder of device timing (nvbench's blocking kernel): one thread
+//                         spins on a host-mapped word until the host has enqueued the whole step and stores the
+//                         release value, so the events time the device's work with the step already queued, not
+//                         the host's launches. A hold that is never released gives up after timeout_ns and
+//                         raises *timed_out: a step that waits on its own stream (cudaStreamSynchronize inside
+//                         cuco_step) cannot deadlock behind it.
 //   cuco_h_fill_peer_table  under the nccl backend: each peer's pointer to a registered window, read with
 //                         ncclGetPeerPointer (window pointers need the window only, not a devComm).
 //   cuco_h_capture        the one-time stream-capture pass around cuco_step (see below).
@@ -63,6 +69,18 @@ __global__ void spin_kernel(uint64_t ns) {
   while (global_ns() - start < ns) __nanosleep(500);
 }
 
+// Holds the stream until *release >= epoch (host-mapped, written by cuco_h_release) or timeout_ns has passed.
+__global__ void hold_kernel(const uint64_t* release, uint64_t epoch, uint64_t timeout_ns, volatile int* timed_out) {
+  const uint64_t start = global_ns();
+  while (ld_acquire_sys(release) < epoch) {
+    if (global_ns() - start > timeout_ns) {
+      *timed_out = 1;
+      return;
+    }
+    __nanosleep(100);
+  }
+}
+
 __global__ void peer_table_kernel(ncclWindow_t win, void** table, int world) {
   const int p = threadIdx.x;
   if (p < world) table[p] = ncclGetPeerPointer(win, 0, p);
@@ -80,6 +98,18 @@ CUCO_H_EXPORT int cuco_h_barrier(uint64_t* const* peers_dev, size_t base, int ra
 CUCO_H_EXPORT int cuco_h_spin(uint64_t ns, cudaStream_t stream) {
   spin_kernel<<<1, 1, 0, stream>>>(ns);
   return (int)cudaGetLastError();
+}
+
+CUCO_H_EXPORT int cuco_h_hold(const uint64_t* release_host, uint64_t epoch, uint64_t timeout_ns,
+                              int* timed_out_host, cudaStream_t stream) {
+  hold_kernel<<<1, 1, 0, stream>>>(release_host, epoch, timeout_ns, timed_out_host);
+  return (int)cudaGetLastError();
+}
+
+// The host half of the hold: a release store the spinning kernel acquires (system scope, host-mapped memory).
+CUCO_H_EXPORT int cuco_h_release(uint64_t* release_host, uint64_t epoch) {
+  cuda::atomic_ref<uint64_t, cuda::thread_scope_system>(*release_host).store(epoch, cuda::memory_order_release);
+  return 0;
 }
 
 CUCO_H_EXPORT int cuco_h_fill_peer_table(void* window, void** table_dev, int world, cudaStream_t stream) {

@@ -144,6 +144,14 @@ struct State {
   cuco_side_stream_t side;          // kOverlapped: the puts' stream
   int put_grid;
   int barrier_count;
+
+  // Free everything setup made (also after a failed setup); cuco_state<State>::close calls it.
+  int release(cuco_ctx_t* ctx) {
+    cuco_side_stream_destroy(&side);
+    if (put.arrivals) cudaFree(put.arrivals);
+    if (ws) cudaFree(ws);
+    return dc_made ? cuco_devcomm_destroy(ctx, &put.dc) : CUCO_OK;
+  }
 };
 
 // One attention launch over `segs` on `stream`, with the state flags of its place in the sequence of launches.
@@ -261,15 +269,6 @@ int plan_grids(const cuco_ctx_t* ctx, State& s) {
 }
 // EVOLVE-BLOCK-END
 
-void release(cuco_ctx_t* ctx, State* s) {
-  if (s == nullptr) return;
-  cuco_side_stream_destroy(&s->side);
-  if (s->put.arrivals) cudaFree(s->put.arrivals);
-  if (s->ws) cudaFree(s->ws);
-  if (s->dc_made) cuco_devcomm_destroy(ctx, &s->put.dc);
-  delete s;
-}
-
 // EVOLVE-BLOCK-START schedule
 int launch_puts(State& s, cudaStream_t stream, uint64_t epoch) {
   PutArgs a = s.put;
@@ -357,8 +356,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
                 ctx->flags.local == nullptr))
     return CUCO_ERR_BACKEND;  // pushing needs the peers' windows and flags
 
-  State* s = new State();
-  ctx->user = s;
+  State* s = cuco_state<State>::open(ctx);
   s->d = pb.d;
   s->rank = pb.rank;
   s->world = W;
@@ -406,24 +404,14 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
     rc = cuco_devcomm_create_lsa_world(ctx, s->barrier_count, &a.dc);  // push: every peer's window reachable
     s->dc_made = rc == CUCO_OK;
   }
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuco_alloc_zeroed(&a.arrivals, (size_t)kChunks * W);
   if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // puts ahead of queued attention CTAs
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
-  if (rc != CUCO_OK) {
-    release(ctx, s);
-    ctx->user = nullptr;
-  }
-  return rc;
+  return cuco_state<State>::settle(ctx, rc);  // the arrival counters are zero before step 1
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  return schedule(ctx, *(State*)ctx->user);
+  State* s = cuco_state<State>::get(ctx);
+  return s == nullptr ? CUCO_ERR_PARAM : schedule(ctx, *s);
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  release(ctx, (State*)ctx->user);
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

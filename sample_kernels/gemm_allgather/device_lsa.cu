@@ -133,6 +133,13 @@ struct State : gemm_ag::Operands {
   int grid_chunk;                   // CTAs of a put launch over one chunk
   int grid_persistent;              // CTAs of the persistent put kernel
   int barrier_count;                // LSA barriers requested (>= every grid that ends in a barrier)
+
+  // Free everything setup made (also after a failed setup); cuco_state<State>::close calls it.
+  int release(cuco_ctx_t* ctx) {
+    cuco_side_stream_destroy(&side);
+    if (put.arrivals) cudaFree(put.arrivals);
+    return dc_made ? cuco_devcomm_destroy(ctx, &put.dc) : CUCO_OK;
+  }
 };
 
 // EVOLVE-BLOCK-START put_kernel
@@ -242,15 +249,6 @@ int plan_grids(const cuco_ctx_t* ctx, State& s) {
 }
 // EVOLVE-BLOCK-END
 
-// Release everything setup made (also after a failed setup).
-void release(cuco_ctx_t* ctx, State* s) {
-  if (s == nullptr) return;
-  cuco_side_stream_destroy(&s->side);
-  if (s->put.arrivals) cudaFree(s->put.arrivals);
-  if (s->dc_made) cuco_devcomm_destroy(ctx, &s->put.dc);
-  delete s;
-}
-
 // EVOLVE-BLOCK-START schedule
 // One put launch over chunks [c0, c1) on `stream`, ending in the LSA barrier when `final_barrier`.
 int launch_puts(State& s, cudaStream_t stream, int c0, int c1, int grid, bool final_barrier, uint64_t epoch) {
@@ -344,8 +342,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (W > 1 && (cuco_window(xg) == nullptr || ctx->flags.peers == nullptr || ctx->flags.local == nullptr))
     return CUCO_ERR_BACKEND;  // pushing needs the peers' windows and flags
 
-  State* s = new State{op};
-  ctx->user = s;
+  State* s = cuco_state<State>::open(ctx, op);
   s->chunk_rows = s->rows_per_rank / kChunks;
   s->my_flags = ctx->flags.local == nullptr ? nullptr : ctx->flags.local + CUCO_FLAGS_RESERVED;
 
@@ -364,24 +361,14 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
     rc = cuco_devcomm_create_lsa_world(ctx, s->barrier_count, &a.dc);  // push: every peer's window reachable
     s->dc_made = rc == CUCO_OK;
   }
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&a.arrivals, sizeof(unsigned long long) * (size_t)kChunks * W));
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(a.arrivals, 0, sizeof(unsigned long long) * (size_t)kChunks * W));
+  if (rc == CUCO_OK) rc = cuco_alloc_zeroed(&a.arrivals, (size_t)kChunks * W);
   if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // puts ahead of queued GEMM CTAs
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the arrival counters are zero before step 1
-  if (rc != CUCO_OK) {
-    release(ctx, s);
-    ctx->user = nullptr;
-  }
-  return rc;
+  return cuco_state<State>::settle(ctx, rc);  // the arrival counters are zero before step 1
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  return schedule(ctx, *(State*)ctx->user);
+  State* s = cuco_state<State>::get(ctx);
+  return s == nullptr ? CUCO_ERR_PARAM : schedule(ctx, *s);
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  release(ctx, (State*)ctx->user);
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

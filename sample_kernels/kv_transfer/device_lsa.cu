@@ -147,6 +147,13 @@ struct State {
   ncclDevComm dc;
   bool dc_made;
   cuco_side_stream_t side;        // kTwoStream: the puts' stream, forked after each GEMM
+
+  // Free everything setup made (also after a failed setup); cuco_state<State>::close calls it.
+  int release(cuco_ctx_t* ctx) {
+    cuco_side_stream_destroy(&side);
+    if (put.done_ctas) cudaFree(put.done_ctas);
+    return dc_made ? cuco_devcomm_destroy(ctx, &dc) : CUCO_OK;
+  }
 };
 
 template <Issuer I>
@@ -284,15 +291,6 @@ __global__ void wait_flags(const uint64_t* flags, int n, uint64_t epoch) {
 }
 // EVOLVE-BLOCK-END
 
-// Release everything setup made (also after a failed setup).
-void release(cuco_ctx_t* ctx, State* s) {
-  if (s == nullptr) return;
-  cuco_side_stream_destroy(&s->side);
-  if (s->put.done_ctas) cudaFree(s->put.done_ctas);
-  if (s->dc_made) cuco_devcomm_destroy(ctx, &s->dc);
-  delete s;
-}
-
 // EVOLVE-BLOCK-START schedule
 int launch_put(State& s, int layer, uint64_t epoch, cudaStream_t stream) {
   PutArgs a = s.put;
@@ -380,8 +378,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (cuco_window(t.cache) == nullptr || cuco_window(t.page_table) == nullptr || cuco_window(t.stage) == nullptr)
     return CUCO_ERR_BACKEND;
 
-  State* s = new State();
-  ctx->user = s;
+  State* s = cuco_state<State>::open(ctx);
   s->L = pb.L;
   s->rank = pb.rank;
   s->world = W;
@@ -420,28 +417,14 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
 
   int rc = cuco_devcomm_create_lsa_world(ctx, kLsaBarriers, &s->dc);  // every decode rank's cache reachable
   s->dc_made = rc == CUCO_OK;
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&p.done_ctas, sizeof(unsigned long long) * (size_t)pb.L));
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(p.done_ctas, 0, sizeof(unsigned long long) * (size_t)pb.L));
+  if (rc == CUCO_OK) rc = cuco_alloc_zeroed(&p.done_ctas, (size_t)pb.L);
   if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // puts ahead of queued GEMM CTAs
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the CTA counters are zero before step 1
-  if (rc != CUCO_OK) {
-    release(ctx, s);
-    ctx->user = nullptr;
-  }
-  return rc;
+  return cuco_state<State>::settle(ctx, rc);  // the CTA counters are zero before step 1
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  return schedule(ctx, *(State*)ctx->user);
+  State* s = cuco_state<State>::get(ctx);
+  return s == nullptr ? CUCO_ERR_PARAM : schedule(ctx, *s);
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  State* s = (State*)ctx->user;
-  if (s == nullptr) return CUCO_OK;
-  const int rc = s->dc_made ? cuco_devcomm_destroy(ctx, &s->dc) : CUCO_OK;
-  s->dc_made = false;
-  release(ctx, s);
-  ctx->user = nullptr;
-  return rc;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

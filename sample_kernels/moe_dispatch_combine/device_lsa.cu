@@ -151,6 +151,16 @@ struct State : Layer {
   ncclDevComm dc;
   bool dc_made;
   cuco_side_stream_t side;           // kTwoStream: the pushes' stream
+
+  // Free everything setup made (also after a failed setup); cuco_state<State>::close calls it.
+  int release(cuco_ctx_t* ctx) {
+    cuco_side_stream_destroy(&side);
+    cudaFree(done_ctas);
+    cudaFree(plan_dev);
+    cudaFreeHost(plan_host);
+    close();
+    return dc_made ? cuco_devcomm_destroy(ctx, &dc) : CUCO_OK;
+  }
 };
 
 size_t flag_counts() { return 0; }
@@ -347,17 +357,6 @@ void fill_plan(State& s) {
   }
 }
 
-void release(cuco_ctx_t* ctx, State* s) {
-  if (s == nullptr) return;
-  cuco_side_stream_destroy(&s->side);
-  cudaFree(s->done_ctas);
-  cudaFree(s->plan_dev);
-  cudaFreeHost(s->plan_host);
-  s->close();
-  if (s->dc_made) cuco_devcomm_destroy(ctx, &s->dc);
-  delete s;
-}
-
 // EVOLVE-BLOCK-START schedule
 int launch_push(const State& s, bool dispatch, uint64_t epoch, cudaStream_t stream) {
   PushArgs a;
@@ -470,8 +469,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
       ctx->flags.count < CUCO_FLAGS_RESERVED + flag_words(W))
     return CUCO_ERR_PARAM;  // not enough candidate flag words
 
-  State* s = new State();
-  ctx->user = s;
+  State* s = cuco_state<State>::open(ctx);
   int rc = s->open(ctx, kWindowNames);
   // A chunk's vectors are int in the push kernel too.
   if (rc == CUCO_OK && (int64_t)W * (int64_t)s->cap * s->row_vecs >= ((int64_t)1 << 31)) rc = CUCO_ERR_PARAM;
@@ -494,8 +492,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   }
   if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMallocHost(&s->plan_host, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&s->plan_dev, sizeof(int) * s->plan_ints));
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&s->done_ctas, 2 * sizeof(unsigned long long)));
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMemset(s->done_ctas, 0, 2 * sizeof(unsigned long long)));
+  if (rc == CUCO_OK) rc = cuco_alloc_zeroed(&s->done_ctas, 2);  // dispatch, return
   if (rc == CUCO_OK) {
     int* d = s->plan_dev;  // same offsets as fill_plan's host view
     const size_t E = (size_t)s->E;
@@ -506,28 +503,15 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
     s->plan.base_row = d + 10 * E + 2;
   }
   if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // pushes ahead of queued GEMM CTAs
-  if (rc == CUCO_OK) rc = cuco_cuda_status(cudaDeviceSynchronize());  // the CTA counters are zero before step 1
-  if (rc != CUCO_OK) {
-    release(ctx, s);
-    ctx->user = nullptr;
-  }
-  return rc;
+  return cuco_state<State>::settle(ctx, rc);  // the CTA counters are zero before step 1
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  State& s = *(State*)ctx->user;
+  State* s = cuco_state<State>::get(ctx);
+  if (s == nullptr) return CUCO_ERR_PARAM;
   CUCO_TRY(refuse_capture(ctx->stream));
-  CUCO_TRY(s.read_valid_rows(ctx));
-  return schedule(ctx, s);
+  CUCO_TRY(s->read_valid_rows(ctx));
+  return schedule(ctx, *s);
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  State* s = (State*)ctx->user;
-  if (s == nullptr) return CUCO_OK;
-  const int rc = s->dc_made ? cuco_devcomm_destroy(ctx, &s->dc) : CUCO_OK;
-  s->dc_made = false;
-  release(ctx, s);
-  ctx->user = nullptr;
-  return rc;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

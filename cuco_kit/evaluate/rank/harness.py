@@ -4,13 +4,21 @@ Per timed iteration, on every rank (docs/architecture.md has the path around it)
   fresh inputs (seeded per (trial, rank), never zeros) -> poison outputs (all-ones bytes: NaN in every float
   dtype) -> flush L2 (write a 256 MB buffer) -> host barrier (gloo) -> device barrier kernel -> start event ->
   cuco_step -> end event -> synchronise -> host barrier.
+Two timings per timed iteration (docs/timing.md): DEVICE time, with the stream held by a blocking kernel while the
+host enqueues the whole iteration and released after the end event (nvbench's method: the events see the device
+work with the launches already queued), and END-TO-END time, the same iteration without the hold (host launches
+included). The workload's ``timing`` says which one scores. A step that waits on its own stream inside cuco_step
+stalls behind the hold until the hold's timeout: after two such stalls the candidate is timed end to end only,
+and the reply says so.
 Verified iterations (every L2 trial, the first timed iteration and about 1 in verify_every timed ones, chosen
 from the request seed) also: snapshot the outputs on ctx->stream right after the end event (what the step
 delivered by the time ctx->stream says it is done), and after every rank has finished compare the snapshot with
 the outputs again (a difference means work that was not joined to ctx->stream, or a missing wait on a peer)
 and with the workload's torch reference, computed on this GPU in float32 from every rank's inputs regenerated
 from the seeds. NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
-missing wait on a peer flag shows.
+missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead:
+each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
+return, and a jitter past everyone else's; the timed build is loaded afterwards.
 
 The ranks agree after every iteration (a gloo all-reduce of a failure flag is the host barrier), so when one
 rank fails all stop together instead of waiting for each other.
@@ -40,6 +48,8 @@ from cuco_kit.workload import DTYPES, load_workload
 HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
 CUDA_ERROR_CAPTURE_UNJOINED = 904
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
+NO_HOLD_NOTE = ("device timing unavailable: cuco_step waits on the held stream (e.g. cudaStreamSynchronize or a "
+                "blocking copy inside the step), so the hold timed out; scored by end-to-end time (host included)")
 
 TORCH_DTYPES = {"u8": torch.uint8, "i32": torch.int32, "i64": torch.int64, "f16": torch.float16,
                 "bf16": torch.bfloat16, "f32": torch.float32, "fp8_e4m3": torch.float8_e4m3fn}
@@ -74,6 +84,8 @@ class Helpers:
         specs = {
             "cuco_h_barrier": [vp, ctypes.c_size_t, i, i, u64, u64, vp, vp],
             "cuco_h_spin": [u64, vp],
+            "cuco_h_hold": [vp, u64, u64, vp, vp],
+            "cuco_h_release": [vp, u64],
             "cuco_h_fill_peer_table": [vp, vp, i, vp],
             "cuco_h_capture": [vp, vp, vp, i, ctypes.POINTER(ctypes.c_int)],
             "cuco_h_capture_status": [vp, ctypes.POINTER(ctypes.c_int)],
@@ -151,7 +163,10 @@ class RankHarness:
         torch.matmul(a, a)
         self.cublas = int(torch.cuda.current_blas_handle())
         self.flush = torch.empty(int(config.get("flush_bytes", FLUSH_BYTES)), dtype=torch.uint8, device=self.dev)
-        self.timed_out = torch.zeros(4, dtype=torch.int32).pin_memory()
+        self.timed_out = torch.zeros(4, dtype=torch.int32).pin_memory()  # [0] device barrier, [1] the hold
+        self.hold_word = torch.zeros(1, dtype=torch.int64).pin_memory()  # the hold's release value (host-mapped)
+        self.hold_epoch = 0
+        self.unholdable: set[str] = set()  # libraries whose step stalled behind the hold: timed end to end only
         self.harness_epoch = 0
         self.sm_count = torch.cuda.get_device_properties(self.dev).multi_processor_count
         torch.cuda.synchronize(self.dev)
@@ -177,9 +192,13 @@ class RankHarness:
     # ---------------------------------------------------------------------------------------- collectives
     def _host_agree(self, failed: bool) -> bool:
         """Host barrier that also tells whether any rank failed (gloo all-reduce of a flag)."""
-        t = torch.tensor([1 if failed else 0], dtype=torch.int32)
+        return self._host_max(1 if failed else 0) > 0
+
+    def _host_max(self, code: int) -> int:
+        """Host barrier that returns the largest of every rank's code."""
+        t = torch.tensor([int(code)], dtype=torch.int32)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
-        return bool(t.item())
+        return int(t.item())
 
     def _progress(self, level: str, step: str, done: int, total: int, limit_s: float) -> None:
         self.chan.progress({"level": level, "step": step, "done": done, "total": total}, limit_s=limit_s)
@@ -195,7 +214,8 @@ class RankHarness:
 
 
 class _Evaluation:
-    """One candidate on one rank: load, set up, capture check, L2 trials, L3 timing, teardown."""
+    """One candidate on one rank: [stress build: load, set up, L2 trials, teardown], load, set up, capture check,
+    L2 trials (without a stress build), L3 timing, teardown."""
 
     def __init__(self, h: RankHarness, cmd: dict[str, Any]) -> None:
         self.h = h
@@ -203,26 +223,40 @@ class _Evaluation:
         self.seed = int(cmd.get("seed", 0))
         self.step_limit_s = float(cmd.get("step_limit_s", 10.0))
         self.setup_limit_s = float(cmd.get("setup_limit_s", 60.0))
+        self.hold_timeout_s = float(cmd.get("hold_timeout_s", 0.5))
         self.notes: list[str] = []
         self.lib: Any = None
         self.ctx = abi.new_ctx()
         self.loaded_copy: Path | None = None
+        self.live = False  # cuco_setup succeeded and cuco_teardown is still due
         self.recycle = False  # a non-fatal event after which this process should not serve more candidates
         self.max_err = 0.0
+        self.stalls = 0  # held iterations whose hold timed out
+        self.holdable = str(cmd["so_path"]) not in h.unholdable
 
     # ---------------------------------------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
         h = self.h
         reply: dict[str, Any] = {"ok": False, "rank": h.rank, "role": self.cmd.get("role", "candidate")}
-        setup_ok = False
+        self._before = set(os.listdir(h.scratch_dir))
+        stress: dict[str, Any] | None = self.cmd.get("stress") or None
         try:
-            self._load()
+            t0 = time.monotonic()
+            stress_so = str(stress["so_path"]) if stress else ""
+            separate = bool(stress_so) and stress_so != str(self.cmd["so_path"])
+            if separate:  # the stress build's own phase: L2 trials only
+                self._load(Path(stress_so))
+                self._setup()
+                self._verify_trials(stress)
+                self._teardown(reply)
+                self._unload()
+            self._load(Path(self.cmd["so_path"]))
             self._setup()
-            setup_ok = True
             self._capture_check()
-            self._verify_trials()
-            times = self._timed()
-            reply.update(ok=True, verdict="pass", level="L3", times_ms=times)
+            if not separate:
+                self._verify_trials(stress)
+            reply["l2_seconds"] = round(time.monotonic() - t0, 4)
+            reply.update(ok=True, verdict="pass", level="L3", **self._timed())
             if self.cmd.get("timeline"):
                 reply["timeline"] = self._profiled_iteration()
         except CandidateFailure as f:
@@ -232,7 +266,7 @@ class _Evaluation:
             reply.update(verdict="fail" if fatal else "error", level="L2",
                          reason=f"rank {h.rank}: {type(exc).__name__}: {str(exc)[:1500]}", fatal=True)
         finally:
-            if setup_ok and not reply.get("fatal"):
+            if self.live and not reply.get("fatal"):
                 try:
                     self._teardown(reply)
                 except Exception as exc:  # noqa: BLE001 - a teardown error becomes a note of the reply
@@ -249,13 +283,12 @@ class _Evaluation:
         return reply
 
     # ------------------------------------------------------------------------------------------ loading
-    def _load(self) -> None:
+    def _load(self, so: Path) -> None:
         h = self.h
-        so = Path(self.cmd["so_path"])
         # a private copy per load: dlopen of the same path would return the old handle and its static state
         self.loaded_copy = Path(h.cfg.get("load_dir") or "/tmp") / f"cand-{os.getpid()}-{time.monotonic_ns()}.so"
         shutil.copyfile(so, self.loaded_copy)
-        self._before = set(os.listdir(h.scratch_dir))
+        self.ctx = abi.new_ctx()
         problem = ""
         try:
             self.lib = ctypes.CDLL(str(self.loaded_copy), mode=os.RTLD_NOW | os.RTLD_LOCAL)
@@ -382,9 +415,11 @@ class _Evaluation:
             why = f"cuco_setup returned {abi.ERROR_NAMES.get(rc, rc)}" if failed else "cuco_setup failed on a peer"
             # setup may have made collective state on some ranks only: this world is not reused
             raise CandidateFailure("L2", f"rank {h.rank}: {why}", fatal=True)
+        self.live = True
 
     def _teardown(self, reply: dict[str, Any]) -> None:
         h = self.h
+        self.live = False
         h._progress(reply.get("level", "L2"), "teardown", 0, 1, self.setup_limit_s)
         torch.cuda.synchronize(h.dev)
         h._host_agree(False)
@@ -406,6 +441,7 @@ class _Evaluation:
                 self.loaded_copy.unlink()
             except OSError:
                 pass
+            self.loaded_copy = None
 
     def _new_files(self) -> list[str]:
         try:
@@ -467,12 +503,25 @@ class _Evaluation:
     def _device_barrier(self) -> None:
         h = self.h
         h.harness_epoch += 1
-        h.timed_out.zero_()
         rc = h.helpers.cuco_h_barrier(ctypes.c_void_p(h.flags.peers.data_ptr()), h.flag_words, h.rank, h.world,
                                       h.harness_epoch, int(max(self.step_limit_s, 2.0) * 1e9),
                                       ctypes.c_void_p(h.timed_out.data_ptr()), ctypes.c_void_p(h.stream.cuda_stream))
         if rc != 0:
             raise RuntimeError(f"device barrier launch failed: {h.helpers.error_name(rc)}")
+
+    def _hold(self) -> None:
+        """Hold the harness stream until _release (or the hold's timeout): what follows is queued, not run."""
+        h = self.h
+        h.hold_epoch += 1
+        rc = h.helpers.cuco_h_hold(ctypes.c_void_p(h.hold_word.data_ptr()), h.hold_epoch,
+                                   int(self.hold_timeout_s * 1e9),
+                                   ctypes.c_void_p(h.timed_out.data_ptr() + 4), ctypes.c_void_p(h.stream.cuda_stream))
+        if rc != 0:
+            raise RuntimeError(f"hold launch failed: {h.helpers.error_name(rc)}")
+
+    def _release(self) -> None:
+        h = self.h
+        h.helpers.cuco_h_release(ctypes.c_void_p(h.hold_word.data_ptr()), h.hold_epoch)
 
     def _wait_event(self, ev: torch.cuda.Event, what: str, limit_s: float) -> None:
         """Wait for an event with a watchdog; a step past its limit is a hang and ends this process."""
@@ -488,8 +537,9 @@ class _Evaluation:
             sleep = min(sleep * 2, 2e-3)
 
     def _step(self, trial: int, what: str, level: str, *, verify: bool, jitter_ns: int = 0,
-              capture: bool = False) -> float:
-        """One protocol iteration; returns this rank's step time in ms. Raises CandidateFailure (all ranks do,
+              capture: bool = False, held: bool = False) -> tuple[float, bool]:
+        """One protocol iteration; returns this rank's step time in ms and whether the hold (``held``: device
+        timing) timed out on any rank, which makes the time meaningless. Raises CandidateFailure (all ranks do,
         after agreeing) when any rank failed."""
         h = self.h
         inputs = self._prepare(trial)
@@ -497,6 +547,9 @@ class _Evaluation:
             raise CandidateFailure(level, "a peer failed before the step")
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
+        h.timed_out.zero_()
+        if held:
+            self._hold()
         self._device_barrier()
         if jitter_ns:
             rc = h.helpers.cuco_h_spin(int(jitter_ns), ctypes.c_void_p(h.stream.cuda_stream))
@@ -505,13 +558,17 @@ class _Evaluation:
         start.record(h.stream)
         self.ctx.epoch += 1
         failure = ""
-        if capture:
-            failure = self._captured_step()
-        else:
-            rc = int(self.lib.cuco_step(ctypes.byref(self.ctx)))
-            if rc != 0:
-                failure = f"cuco_step returned {abi.ERROR_NAMES.get(rc, rc)}"
-        end.record(h.stream)
+        try:
+            if capture:
+                failure = self._captured_step()
+            else:
+                rc = int(self.lib.cuco_step(ctypes.byref(self.ctx)))
+                if rc != 0:
+                    failure = f"cuco_step returned {abi.ERROR_NAMES.get(rc, rc)}"
+            end.record(h.stream)
+        finally:
+            if held:
+                self._release()  # whatever happened: a hold left in place would only end at its timeout
         snap: dict[str, torch.Tensor] = {}
         if verify:
             with torch.cuda.stream(h.stream):
@@ -524,14 +581,15 @@ class _Evaluation:
             failure = failure or (f"timeout: the device barrier waited in vain for rank "
                                   f"{int(h.timed_out[0]) - 1} (it never arrived: a hang or a crash there)")
         ms = float(start.elapsed_time(end))
-        if h._host_agree(bool(failure)):
+        worst = h._host_max(2 if failure else 1 if held and int(h.timed_out[1]) != 0 else 0)
+        if worst == 2:
             raise CandidateFailure(level, f"rank {h.rank}: {failure}" if failure else "a peer failed in "
                                    f"{what}", fatal=bool(failure and "device barrier" in failure))
         if verify:
             failure = self._verify(trial, inputs, snap, what)
             if h._host_agree(bool(failure)):
                 raise CandidateFailure(level, failure or f"verification failed on a peer in {what}")
-        return ms
+        return ms, worst == 1
 
     def _captured_step(self) -> str:
         """The one-time stream-capture pass; returns a failure reason or ''."""
@@ -608,38 +666,92 @@ class _Evaluation:
             self.h._progress("L2", "capture", 0, 1, self.step_limit_s + 10)
             self._step(trial=10_000, what="capture pass", level="L2", verify=False, capture=True)
 
-    def _verify_trials(self) -> None:
+    def _verify_trials(self, stress: dict[str, Any] | None) -> None:
+        """The L2 trials: fresh inputs, jitter at world > 1, every one verified. With ``stress`` (the stress build
+        is loaded) each trial has a late rank, each rank in turn: it draws new random pauses for the runtime's
+        primitives and a jitter past everyone else's, while the other ranks run without pauses, so whatever a
+        peer leaves uncovered by its flags and waits is still in flight when they finish."""
+        h = self.h
         trials = int(self.cmd.get("trials", 3))
         jitter_max_ns = int(float(self.cmd.get("jitter_us", 200.0)) * 1000)
-        rng = random.Random(f"jitter:{self.seed}:{self.h.rank}")
+        rng = random.Random(f"jitter:{self.seed}:{h.rank}")
+        configure = getattr(self.lib, "cuco_stress_configure", None) if stress else None
+        if configure is not None:
+            configure.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
+            configure.restype = ctypes.c_int
+        if stress:
+            self.notes.append(
+                "L2 trials ran on the stress build: " + (
+                    f"one late rank per trial, with random pauses up to {stress['max_delay_ns'] / 1000:g} us "
+                    f"after {stress['permille'] / 10:g}% of its signals and before as many waits return"
+                    if configure is not None else
+                    "it uses none of the runtime's signalling primitives, so only the harness's jitter applies"))
         for t in range(trials):
-            self.h._progress("L2", "verify", t, trials, self.step_limit_s + 10)
-            jitter = rng.randrange(0, jitter_max_ns + 1) if jitter_max_ns and self.h.world > 1 else 0
+            h._progress("L2", "verify", t, trials, self.step_limit_s + 10)
+            jitter = rng.randrange(0, jitter_max_ns + 1) if jitter_max_ns and h.world > 1 else 0
+            late = bool(stress) and h.world > 1 and (t + self.seed) % h.world == h.rank
+            if late:
+                jitter = jitter_max_ns + rng.randrange(0, jitter_max_ns + 1)
+            if configure is not None and stress is not None:
+                rc = int(configure(random.Random(f"stress:{self.seed}:{t}:{h.rank}").getrandbits(64),
+                                   int(stress["max_delay_ns"]) if late else 0, int(stress["permille"])))
+                if rc != 0:
+                    raise RuntimeError(f"cuco_stress_configure failed: {h.helpers.error_name(rc)}")
             self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True,
                        jitter_ns=jitter)
-        self.h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
+        h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
 
-    def _timed(self) -> list[float]:
+    def _device_time(self, trial: int, what: str, verify: bool) -> float | None:
+        """One held iteration's time; None once this candidate is timed end to end only. A stalled hold is
+        retried once (a one-off, e.g. a first launch loading a module); a second stall ends device timing."""
+        while self.holdable:
+            ms, stalled = self._step(trial=trial, what=what, level="L3", verify=verify, held=True)
+            if not stalled:
+                return ms
+            self.stalls += 1
+            if self.stalls >= 2:
+                self.holdable = False
+                self.h.unholdable.add(str(self.cmd["so_path"]))
+        return None
+
+    def _timed(self) -> dict[str, Any]:
+        """Warm-up (held) and timed iterations. Each timed iteration is measured twice, held (device time) and
+        not (end to end), on the same inputs; the verified iterations are verified in the scoring timing."""
+        h = self.h
         warmup = int(self.cmd.get("warmup", 3))
         iters = int(self.cmd.get("iters", 20))
         check = set(verified_iterations(iters, int(self.cmd.get("verify_every", 3)), self.seed))
+        wanted = h.workload.timing
+        if not self.holdable:
+            self.notes.append(NO_HOLD_NOTE)
         for i in range(warmup):
-            self.h._progress("L3", "warmup", i, warmup, self.step_limit_s + 10)
-            self._step(trial=1000 + i, what=f"warm-up {i + 1}/{warmup}", level="L3", verify=False)
-        times = []
+            h._progress("L3", "warmup", i, warmup, self.step_limit_s + 10)
+            self._device_time(1000 + i, f"warm-up {i + 1}/{warmup}", verify=False)
+        device: list[float] = []
+        e2e: list[float] = []
         for i in range(iters):
-            self.h._progress("L3", "timed", i, iters, self.step_limit_s + 10)
-            times.append(self._step(trial=2000 + i, what=f"timed iteration {i + 1}/{iters}", level="L3",
-                                    verify=i in check))
-        self.h._progress("L3", "timed", iters, iters, self.step_limit_s + 10)
-        return times
-
+            h._progress("L3", "timed", i, iters, self.step_limit_s + 10)
+            what = f"timed iteration {i + 1}/{iters}"
+            d = self._device_time(2000 + i, what, verify=i in check and wanted == "device")
+            if d is not None:
+                device.append(d)
+            e2e.append(self._step(trial=2000 + i, what=f"{what} (end to end)", level="L3",
+                                  verify=i in check and (wanted == "end_to_end" or d is None))[0])
+        h._progress("L3", "timed", iters, iters, self.step_limit_s + 10)
+        if len(device) < iters:  # the hold stalled (now or in an earlier evaluation): no device time at all
+            device = []
+            if self.stalls:
+                self.notes.append(NO_HOLD_NOTE)
+        score = "device" if wanted == "device" and device else "end_to_end"
+        return {"times_ms": device if score == "device" else e2e, "device_ms": device or None, "e2e_ms": e2e,
+                "timing": score}
 
     def _profiled_iteration(self) -> list[dict[str, Any]]:
         """One more iteration under torch.profiler (CUDA activity): every kernel the step launched, from the
-        candidate's library too, with its stream and ns timestamps. Never part of the timed numbers."""
+        candidate's library too, with its stream and ns timestamps, held as the device time is (when it can be).
+        Never part of the timed numbers."""
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            self._step(trial=3000, what="profiled iteration", level="L3", verify=False)
+            self._step(trial=3000, what="profiled iteration", level="L3", verify=False, held=self.holdable)
         return kernel_rows(prof.events(), self.h.rank)
 
 

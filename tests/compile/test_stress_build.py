@@ -1,0 +1,77 @@
+"""Compile tier: the stress build (-DCUCO_STRESS=1, runtime/cuco_stress.h) of every sample and adversarial source
+that uses the runtime's signalling primitives builds for every backend it supports, exports the hook the harness
+configures it through, and the timed build of the same source does not export it.
+
+The plain builds of the same files (the new adversarial ones included) are test_compile_samples.py's; the stress
+build is what the harness loads for L2 trials at two ranks and more (cuco_kit/evaluate/gpu_evaluator.py).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cuco_kit.evaluate import build as B
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [p for p in sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted((ROOT / "tests" / "data" / "adversarial")
+           .glob("*.cu")) if B.has_stress_hooks(p.read_text())]
+# Every sample's stress build for every backend; of the adversarial set, the signalling-race classes it exists to
+# catch, under symm (where the GPU tier runs them; their plain builds for both backends are test_compile_samples').
+RACES = ("omits_wait.cu", "flag_before_stores.cu", "wrong_unit_flag.cu", "barrier_missing_member.cu")
+CASES = ([(p, b) for p in SOURCES if "sample_kernels" in p.parts for b in B.supported_backends(p.read_text())]
+         + [(p, "symm") for p in SOURCES if p.name in RACES])
+HOOK = "cuco_stress_configure"
+BUDGET_S = 12 * 60
+
+pytestmark = pytest.mark.timeout(BUDGET_S)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    cfg = B.BuildConfig()
+    if shutil.which(cfg.nvcc) is None and not Path(cfg.nvcc).exists():
+        pytest.skip(f"nvcc not found ({cfg.nvcc})")
+    if cfg.nccl_include is None or cfg.nccl_lib is None:
+        pytest.skip("nvidia-nccl wheel (headers + libnccl.so.2) not installed")
+    cache = tmp_path_factory.mktemp("stress-builds")
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {(p, b): pool.submit(B.build, p.read_text(), b, B.stress_config(B.for_workload(cfg, p.parent)), cache)
+                for p, b in CASES}
+        results = {k: f.result() for k, f in jobs.items()}
+    return {"results": results, "wall_s": time.monotonic() - t0}
+
+
+def _exports(so: Path) -> str:
+    return subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
+
+
+def test_every_sample_and_race_class_is_covered() -> None:
+    names = {(p.parent.name, p.name) for p, _ in CASES}
+    for wl in ("allgather", "attention_cp", "gemm_allgather", "kv_transfer", "moe_dispatch_combine"):
+        assert (wl, "device_lsa.cu") in names
+    assert {n for _, n in names} >= set(RACES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{p.relative_to(ROOT)}[{b}]" for p, b in CASES])
+def test_stress_build_compiles_and_exports_the_hook(built: dict, case: tuple[Path, str]) -> None:
+    res = built["results"][case]
+    assert res.ok, f"stress build of {case[0].name} [{case[1]}] failed:\n{res.log[-4000:]}"
+    assert B.STRESS_DEFINE in res.log.splitlines()[0]
+    if shutil.which("nm"):
+        assert HOOK in _exports(res.so_path)
+
+
+def test_the_timed_build_has_no_stress_hook(tmp_path: Path) -> None:
+    cfg = B.BuildConfig()
+    if shutil.which(cfg.nvcc) is None or cfg.nccl_include is None or shutil.which("nm") is None:
+        pytest.skip("nvcc, the NCCL wheel or nm missing")
+    src = ROOT / "tests" / "data" / "adversarial" / "flag_before_stores.cu"
+    res = B.build(src.read_text(), "symm", cfg, tmp_path)
+    assert res.ok, res.log[-3000:]
+    assert HOOK not in _exports(res.so_path)
