@@ -119,3 +119,17 @@ def test_wall_cap_answers_unavailable_without_building() -> None:
     late = svr.PrebuildingEvaluator(inner, deadline=0.0).evaluate(req)
     assert late.verdict == "unavailable" and late.reason == svr.WALL_CAP_REASON and inner.calls == ["prebuild",
                                                                                                   "evaluate"]
+
+
+def test_seed_iterations_follow_the_timing_that_scored() -> None:
+    from cuco_kit.evaluate.gpu_evaluator import seed_iterations
+
+    seed = EvalResult("L3", "pass", iteration_ms=[1.0, 1.1],
+                      timing={"score": "device", "device": {"iteration_ms": [0.5, 0.6]},
+                              "end_to_end": {"iteration_ms": [1.0, 1.1]}})
+    cand = EvalResult("L3", "pass", iteration_ms=[0.9, 1.0], timing={"score": "end_to_end"})
+    assert seed_iterations(cand, seed) == [1.0, 1.1]
+    cand.timing = {"score": "device"}
+    assert seed_iterations(cand, seed) == [0.5, 0.6]
+    assert seed_iterations(EvalResult("L3", "pass"), EvalResult("L3", "pass", iteration_ms=[2.0])) == [2.0]
+    assert EvalResult.from_dict({"level_reached": "L3", "verdict": "pass", "timing": {"score": "device"}}).version == 2
