@@ -31,7 +31,7 @@ from cuco_kit import markers
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-from cuco_kit.evaluate.stats import FLUSH_BYTES
+from cuco_kit.evaluate.stats import FLUSH_BYTES, ratio_label
 from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,9 +46,11 @@ def is_number(token: str) -> bool:
 
 
 def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """Every combination of the enum knobs; the integer knobs cycle (each with its own phase) so every value of
-    every knob is built and run at least once. Returns (knob values, source) pairs, the default's values first."""
-    ks = markers.knobs(code)
+    """Every combination of the enum knobs; the integer knobs of written sets cycle (each with its own phase) so
+    every value of every such knob is built and run at least once. Range knobs (tuning: thread counts, loads in
+    flight, SM shares) stay at their defaults: a sample table compares designs, tuning them is the search's job.
+    Returns (knob values, source) pairs, the default's values first."""
+    ks = [k for k in markers.knobs(code) if k.range is None]
     enums = [k for k in ks if not all(is_number(v) for v in k.allowed)]
     ints = [k for k in ks if k not in enums]
     combos = [tuple(kv.values()) for kv in markers.knob_space(code, [k.name for k in enums])]
@@ -70,13 +72,15 @@ def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
 
 
 def smoke_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """The default and its opposite (every knob at a value other than its default): a first look on a GPU."""
-    ks = markers.knobs(code)
+    """The default and its opposite (every written-set knob at a value other than its default; range knobs at
+    their defaults, as in covering_variants): a first look on a GPU."""
+    ks = [k for k in markers.knobs(code) if k.range is None]
     opposite = {k.name: next((v for v in reversed(k.allowed) if v != k.value), k.value) for k in ks}
     return [({k.name: k.value for k in ks}, code), (opposite, markers.set_knobs(code, opposite))]
 
 
 def short(kv: Mapping[str, str]) -> str:
+    """A variant's label: its knob values, `/`-joined, enum scopes and the `k` prefix dropped."""
     return "/".join(v.split("::")[-1].lstrip("k") for v in kv.values())
 
 
@@ -150,7 +154,7 @@ class SampleBench:
         r = self.ev.evaluate(req)
         row = {"phase": phase, "name": name, "world": world, "backend": backend, "preset": tag, "params": p,
                "verdict": r.verdict, "level": r.level_reached, "reason": r.reason[:300], "median_ms": r.median_ms,
-               "spread_ms": r.spread_ms, "seed_ms": r.seed_median_ms, "speedup": r.speedup,
+               "spread_ms": r.spread_ms, "seed_ms": r.seed_median_ms, "speedup": r.speedup, "speedup_ci": r.speedup_ci,
                "max_rel_err": r.max_rel_err, "flagged": r.flagged, "iteration_ms": r.iteration_ms,
                "per_rank_median_ms": r.per_rank_median_ms, "provenance": r.provenance}
         if r.timeline:
@@ -313,6 +317,18 @@ def l2_table(rows: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
+def ratio_cell(row: Mapping[str, Any]) -> str:
+    """A row's speed-up for a table: "1.042 [1.013, 1.071]", with "no measurable difference" when the 95%
+    bootstrap interval contains 1.0 (rows written before intervals: the ratio alone)."""
+    sp, ci = row.get("speedup"), row.get("speedup_ci")
+    if sp is None:
+        return "-"
+    if not ci:
+        return f"{sp:.3f}"
+    label = ratio_label(ci)
+    return f"{sp:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" + (f" {label}" if label else "")
+
+
 def bench_table(rows: list[dict[str, Any]], preset: str, world: int, bound_ms: float | None = None,
                 bound_name: str = "") -> list[str]:
     g = [r for r in rows if r["phase"] == "bench" and r["preset"] == preset and r["world"] == world]
@@ -327,7 +343,7 @@ def bench_table(rows: list[dict[str, Any]], preset: str, world: int, bound_ms: f
         med = r["median_ms"]
         if med:
             lines.append(f"| {r['name']} | {r['verdict']} | {med:.4f} | {r['spread_ms'] or 0:.4f} | "
-                         f"{r['seed_ms'] or 0:.4f} | {r['speedup'] or 0:.3f} |" + (
+                         f"{r['seed_ms'] or 0:.4f} | {ratio_cell(r)} |" + (
                              f" {bound_ms / med:.3f} |" if bound_ms else ""))
         else:
             lines.append(f"| {r['name']} | {r['verdict']}: {r['reason'][:60]} | - | - | - | - |" + (

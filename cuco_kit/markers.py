@@ -2,7 +2,8 @@
 
 A candidate's mutable code sits between ``// EVOLVE-BLOCK-START <name>`` and ``// EVOLVE-BLOCK-END`` lines.
 Every byte outside the blocks (marker lines included) is frozen: its sha256 must equal the parent's. The block
-named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed set in a ``// knob: {...}`` comment.
+named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed values in a ``// knob:`` comment: a
+written set ``{a, b, c}`` or an integer range (``range 64..1024 step 64``, ``pow2 1..16``), see docs/contracts.md.
 
 This module reads and rewrites that structure and nothing else; it needs no parser, so the search and the GPU
 image use it bare. What a candidate may do inside its blocks (the L0 policy) is `cuco_kit.static_check`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +29,13 @@ _END_RE = re.compile(r"^[ \t]*//[ \t]*EVOLVE-BLOCK-END[ \t]*\r?$")
 _IDENT_RE = re.compile(r"^[A-Za-z_]\w*$")
 _KNOB_RE = re.compile(
     r"^[ \t]*(?:static[ \t]+)?constexpr[ \t]+(?P<type>[^=;]+?)[ \t]+(?P<name>[A-Za-z_]\w*)[ \t]*="
-    r"[ \t]*(?P<value>[^;]+?)[ \t]*;[ \t]*//[ \t]*knob:[ \t]*\{(?P<allowed>.*)\}[ \t]*\r?$")
+    r"[ \t]*(?P<value>[^;]+?)[ \t]*;[ \t]*//[ \t]*knob:[ \t]*"
+    r"(?:\{(?P<allowed>.*)\}|(?P<range>(?:range|pow2)\b[^{}]*?))[ \t]*\r?$")
+# The two range forms, inclusive at both ends: `range LO..HI [step S]` and `pow2 LO..HI`.
+_RANGE_RE = re.compile(r"^range[ \t]+(?P<low>-?\d+)[ \t]*\.\.[ \t]*(?P<high>-?\d+)(?:[ \t]+step[ \t]+(?P<step>\d+))?$")
+_POW2_RE = re.compile(r"^pow2[ \t]+(?P<low>\d+)[ \t]*\.\.[ \t]*(?P<high>\d+)$")
+MAX_RANGE_VALUES = 4096  # a range knob expands to its values; a wider one wants a coarser step
+RANGE_CELL_BUCKETS = 3  # archive cells split a range knob into this many contiguous buckets (low, middle, high)
 # A knob-looking line: what the contract calls a knob declaration (constexpr carrying `// knob:`).
 _KNOB_LIKE_RE = re.compile(r"\bconstexpr\b.*//[ \t]*knob:")
 _COMMENT_RE = re.compile(r"^[ \t]*(//.*|/\*.*\*/[ \t]*)?\r?$")
@@ -52,14 +60,48 @@ class Block:
 
 
 @dataclass(frozen=True)
+class KnobRange:
+    """An integer range knob's written range: kind "range" (low, low + step, ..., high) or "pow2" (low, 2 low,
+    ..., high; both powers of two)."""
+
+    kind: str
+    low: int
+    high: int
+    step: int = 1
+
+    def values(self) -> tuple[str, ...]:
+        if self.kind == "pow2":
+            out, v = [], self.low
+            while v <= self.high:
+                out.append(str(v))
+                v *= 2
+            return tuple(out)
+        return tuple(str(v) for v in range(self.low, self.high + 1, self.step))
+
+    @property
+    def spec(self) -> str:
+        """The range as written in a knob comment."""
+        if self.kind == "pow2":
+            return f"pow2 {self.low}..{self.high}"
+        return f"range {self.low}..{self.high}" + (f" step {self.step}" if self.step != 1 else "")
+
+
+@dataclass(frozen=True)
 class Knob:
-    """One knob of the knob block. value and allowed are source tokens (strings); line is 1-based."""
+    """One knob of the knob block. value and allowed are source tokens (strings); line is 1-based. A range knob
+    carries its `range` and `allowed` holds the range's values in increasing order."""
 
     name: str
     type: str
     value: str
     allowed: tuple[str, ...]
     line: int
+    range: KnobRange | None = None
+
+    @property
+    def spec(self) -> str:
+        """The allowed values as written: `{a, b}` or the range."""
+        return self.range.spec if self.range else "{" + ", ".join(self.allowed) + "}"
 
 
 # --------------------------------------------------------------------------------------------------- markers
@@ -181,6 +223,31 @@ def _split_allowed(text: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def parse_range(text: str) -> KnobRange:
+    """A range knob's spec (`range LO..HI [step S]` or `pow2 LO..HI`) -> KnobRange. Raises BadInput naming what
+    is wrong with it."""
+    text = " ".join(text.split())
+    m = _RANGE_RE.match(text)
+    if m is not None:
+        low, high, step = int(m.group("low")), int(m.group("high")), int(m.group("step") or 1)
+        if step < 1 or high <= low or (high - low) % step:
+            raise BadInput(f"range {text!r} needs LO < HI and HI - LO a multiple of a step >= 1 "
+                           f"(e.g. 'range 64..1024 step 64')")
+        r = KnobRange("range", low, high, step)
+    else:
+        m = _POW2_RE.match(text)
+        if m is None:
+            raise BadInput(f"range {text!r} is neither 'range LO..HI [step S]' nor 'pow2 LO..HI'")
+        low, high = int(m.group("low")), int(m.group("high"))
+        if low < 1 or high <= low or low & (low - 1) or high & (high - 1):
+            raise BadInput(f"range {text!r} needs powers of two LO < HI (e.g. 'pow2 1..16')")
+        r = KnobRange("pow2", low, high)
+    n = (r.high - r.low) // r.step + 1 if r.kind == "range" else (r.high // r.low).bit_length()
+    if n > MAX_RANGE_VALUES:
+        raise BadInput(f"range {text!r} has {n} values, more than {MAX_RANGE_VALUES}; use a coarser step")
+    return r
+
+
 def scan_knobs(code: str, blks: list[Block]) -> tuple[list[Knob], list[str]]:
     """Knobs of the knob block of `code` (whose blocks are `blks`) and one problem line per violation of the knob
     contract; `knobs` raises on the first, the L0 check reports them all."""
@@ -197,19 +264,29 @@ def scan_knobs(code: str, blks: list[Block]) -> tuple[list[Knob], list[str]]:
                     continue
                 what = "a constexpr without '// knob: {a, b, ...}'" if "constexpr" in line else "not a knob"
                 problems.append(f"line {no}: {what} in the knob block: {line.strip()[:80]!r} (the knob block "
-                                f"holds only 'constexpr <type> NAME = VALUE; // knob: {{a, b}}' lines and comments)")
+                                f"holds only 'constexpr <type> NAME = VALUE; // knob: {{a, b}}' lines (or "
+                                f"'// knob: range LO..HI step S', '// knob: pow2 LO..HI') and comments)")
                 continue
             name, value = m.group("name"), m.group("value").strip()
-            allowed = _split_allowed(m.group("allowed"))
+            rng: KnobRange | None = None
+            if m.group("range") is not None:
+                try:
+                    rng = parse_range(m.group("range"))
+                except BadInput as exc:
+                    problems.append(f"line {no}: knob {name}: {exc}")
+                    continue
+                allowed = rng.values()
+            else:
+                allowed = _split_allowed(m.group("allowed"))
             if not allowed:
                 problems.append(f"line {no}: knob {name} has an empty allowed set")
             elif value not in allowed:
-                problems.append(f"line {no}: knob {name} = {value} is not in its allowed set "
-                                f"{{{', '.join(allowed)}}}")
+                spec = rng.spec if rng else "{" + ", ".join(allowed) + "}"
+                problems.append(f"line {no}: knob {name} = {value} is not in its allowed set {spec}")
             if any(k.name == name for k in knobs):
                 problems.append(f"line {no}: knob {name} is declared twice in the knob block")
                 continue
-            knobs.append(Knob(name, " ".join(m.group("type").split()), value, allowed, no))
+            knobs.append(Knob(name, " ".join(m.group("type").split()), value, allowed, no, rng))
         elif blks and is_knob_declaration(line):
             # Only an annotated file (one with EVOLVE blocks) has a knob block to belong to; in a fast-path stage
             # output, '// knob:' lines are what the annotate step gathers into it.
@@ -233,7 +310,8 @@ def knobs(code: str) -> list[Knob]:
 def knob_space(code: str, names: Iterable[str] | None = None) -> list[dict[str, str]]:
     """Every combination of the knob block's allowed values (of the named knobs only, when `names` is given) as
     {name: value}: knobs in file order, each over its allowed set in written order, the last knob varying
-    fastest. No knobs: one empty combination. Raises BadInput like `knobs`, or naming an unknown knob."""
+    fastest (a range knob over its values in increasing order). No knobs: one empty combination. Raises BadInput
+    like `knobs`, or naming an unknown knob. With range knobs the space can be large: `space_size` counts it."""
     found = knobs(code)
     if names is not None:
         wanted = set(names)
@@ -243,6 +321,11 @@ def knob_space(code: str, names: Iterable[str] | None = None) -> list[dict[str, 
                            f"{', '.join(k.name for k in found) or '(none)'}")
         found = [k for k in found if k.name in wanted]
     return [dict(zip((k.name for k in found), combo)) for combo in itertools.product(*(k.allowed for k in found))]
+
+
+def space_size(code: str) -> int:
+    """How many points the knob block's space has (the product of every knob's number of values)."""
+    return math.prod(len(k.allowed) for k in knobs(code))
 
 
 def _format_value(value: object) -> str:
@@ -262,7 +345,7 @@ def set_knobs(code: str, values: Mapping[str, object]) -> str:
             raise BadInput(f"unknown knob {name!r}; knobs: {', '.join(sorted(by_name)) or '(none)'}")
         value = _format_value(raw)
         if value not in knob.allowed:
-            raise BadInput(f"knob {name} = {value} is not in its allowed set {{{', '.join(knob.allowed)}}}")
+            raise BadInput(f"knob {name} = {value} is not in its allowed set {knob.spec}")
         line = lines[knob.line - 1]
         m = _KNOB_RE.match(line)
         assert m is not None  # knobs() matched this very line
@@ -270,12 +353,31 @@ def set_knobs(code: str, values: Mapping[str, object]) -> str:
     return "\n".join(lines)
 
 
+def cell_value(knob: Knob) -> str:
+    """A knob's value as the archive sees it: a written set's value itself; a range knob's bucket, one of
+    RANGE_CELL_BUCKETS contiguous runs of its values written `first..last` (so 16 thread counts make 3 cells,
+    not 16)."""
+    if knob.range is None:
+        return knob.value
+    n = len(knob.allowed)
+    buckets = min(RANGE_CELL_BUCKETS, n)
+    mine = knob.allowed.index(knob.value) * buckets // n
+    run = [v for i, v in enumerate(knob.allowed) if i * buckets // n == mine]
+    return run[0] if len(run) == 1 else f"{run[0]}..{run[-1]}"
+
+
+def cell_values(found: Iterable[Knob]) -> dict[str, str]:
+    """{name: cell_value} of every knob."""
+    return {k.name: cell_value(k) for k in found}
+
+
 def design_cell(knob_values: Iterable[Knob] | Mapping[str, object]) -> str:
     """A stable archive key from knob values: every knob, sorted by name, as `name=value` joined with `|`
-    ("-" when there are none). All knobs count as structural: the contract makes structural variants
-    (placement, sync scope, issuer, chunking) knobs, and telling them apart by name would be guesswork."""
+    ("-" when there are none); Knob objects contribute their `cell_value` (range knobs bucketed), a mapping its
+    values as given. All knobs count as structural: the contract makes structural variants (placement, sync
+    scope, issuer, chunking) knobs, and telling them apart by name would be guesswork."""
     if isinstance(knob_values, Mapping):
         pairs = {str(k): _format_value(v) for k, v in knob_values.items()}
     else:
-        pairs = {k.name: k.value for k in knob_values}
+        pairs = cell_values(knob_values)
     return "|".join(f"{k}={pairs[k]}" for k in sorted(pairs)) or "-"

@@ -1,4 +1,5 @@
-"""Tables of a run for notebooks and widgets: one row per evaluated program, best-so-far, cells.
+"""Tables of a run for notebooks and widgets: one row per evaluated program, best-so-far, cells. A speed-up
+carries its bootstrap interval and a claim ("no measurable difference" when the interval contains 1.0).
 
 Reads the store only; pandas is imported here (not in cuco_kit.store, which the GPU image must import bare).
 """
@@ -10,12 +11,13 @@ from typing import Any
 import pandas as pd
 
 from cuco_kit.evaluate.api import timing_medians
+from cuco_kit.evaluate.stats import ratio_label
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
            "island", "cell", "knobs", "status", "level_reached", "verdict", "reason", "median_ms", "spread_ms",
-           "seed_median_ms", "speedup", "flagged", "badge", "world_size", "backend", "gpu", "date", "timing",
-           "device_ms", "e2e_ms"]
+           "seed_median_ms", "speedup", "speedup_ci", "claim", "flagged", "badge", "world_size", "backend", "gpu",
+           "date", "timing", "device_ms", "e2e_ms"]
 
 
 def run_frame(store: Store, run_id: int) -> pd.DataFrame:
@@ -25,6 +27,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
     for e in store.evaluations(run_id=run_id):
         p: Mapping[str, Any] = programs.get(e["program_id"], {})
         prov = e.get("provenance") or {}
+        ci = (e.get("result") or {}).get("speedup_ci")
         score, device_ms, e2e_ms = timing_medians((e.get("result") or {}).get("timing"))
         rows.append({
             "evaluation_id": e["id"], "program_id": e["program_id"], "parent_id": p.get("parent_id"),
@@ -33,11 +36,28 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "knobs": p.get("knobs") or {}, "status": e.get("status"), "level_reached": e.get("level_reached"),
             "verdict": e.get("verdict"), "reason": e.get("reason"), "median_ms": e.get("median_ms"),
             "spread_ms": e.get("spread_ms"), "seed_median_ms": e.get("seed_median_ms"),
-            "speedup": e.get("speedup"), "flagged": bool(e.get("flagged")), "badge": e.get("badge"),
+            "speedup": e.get("speedup"), "speedup_ci": ci, "claim": claim(e.get("speedup"), ci),
+            "flagged": bool(e.get("flagged")), "badge": e.get("badge"),
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
             "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
         })
     return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def claim(speedup: float | None, ci: list[float] | None) -> str:
+    """What a ratio may claim: "" without a ratio, else `evaluate.stats.ratio_label` ("no measurable
+    difference" when its interval contains 1.0, "no interval" when it carries none)."""
+    return "" if speedup is None else ratio_label(ci)
+
+
+def ratio_text(speedup: float | None, ci: list[float] | None) -> str:
+    """A speed-up as widgets show it: "1.04x [1.01, 1.07]", with ", no measurable difference" (or ", no
+    interval") when that is its claim; "-" without a ratio."""
+    if speedup is None:
+        return "-"
+    text = f"{speedup:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    label = claim(speedup, ci)
+    return f"{text}, {label}" if label else text
 
 
 def with_best_so_far(df: pd.DataFrame) -> pd.DataFrame:

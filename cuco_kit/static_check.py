@@ -344,7 +344,7 @@ def _knob_set_problems(mine: list[Knob], theirs: list[Knob]) -> list[str]:
                        f"{', '.join(pk) or '(none)'} and only their values may change")
         elif p.allowed != k.allowed or p.type != k.type:
             out.append(f"line {k.line}: knob {k.name} changed its type or allowed set (parent: {p.type} "
-                       f"{{{', '.join(p.allowed)}}}); only its value may change")
+                       f"{p.spec}); only its value may change")
     for name, p in pk.items():
         if name not in ck:
             out.append(f"parent line {p.line}: knob {name} was removed; only knob values may change")

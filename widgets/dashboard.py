@@ -12,6 +12,7 @@ from typing import Any
 import ipywidgets as W
 
 from cuco_kit.events import Event
+from cuco_kit.report import ratio_text
 
 from ._common import Throttle, esc
 from .diff_review import DiffReview, side_by_side_html
@@ -68,7 +69,8 @@ class RunDashboard(W.VBox):
         evs = self.store.evaluations(program_id=program_id)
         last = evs[-1] if evs else {}
         metrics = (f"verdict <b>{esc(last.get('verdict'))}</b> at {esc(last.get('level_reached'))}; "
-                   f"median {esc(last.get('median_ms'))} ms; speed-up {esc(last.get('speedup'))}; "
+                   f"median {esc(last.get('median_ms'))} ms; speed-up "
+                   f"{esc(ratio_text(last.get('speedup'), (last.get('result') or {}).get('speedup_ci')))}; "
                    f"reason {esc(last.get('reason'))}") if last else "not evaluated yet"
         self.detail.value = (f"<h4>#{program_id} {esc(p.get('name'))} ({esc(p.get('source'))})</h4>"
                              f"<div>{esc(p.get('rationale'))}</div><div>{metrics}</div>"

@@ -11,6 +11,7 @@ import ipywidgets as W
 import pandas as pd
 
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, timing_medians
+from cuco_kit.report import claim
 from cuco_kit.workload import load_workload
 
 from ._common import Throttle, badge_html, esc, provenance_detail
@@ -90,7 +91,8 @@ class EvalCell(W.VBox):
                "sizes": self.preset.value, "level": res.level_reached, "verdict": res.verdict,
                "median_ms": res.median_ms, "spread_ms": res.spread_ms, "seed_ms": res.seed_median_ms,
                "device_ms": timing_medians(res.timing)[1], "e2e_ms": timing_medians(res.timing)[2],
-               "speedup": res.speedup, "flagged": res.flagged, "badge": res.badge, "reason": res.reason,
+               "speedup": res.speedup, "speedup_ci": res.speedup_ci, "claim": claim(res.speedup, res.speedup_ci),
+               "flagged": res.flagged, "badge": res.badge, "reason": res.reason,
                "gpu": res.provenance.get("gpu")}
         with self._lock:
             self.results.append(row)

@@ -13,7 +13,7 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from cuco_kit.report import cell_table, run_badge, run_frame, with_best_so_far
+from cuco_kit.report import cell_table, ratio_text, run_badge, run_frame, with_best_so_far
 from cuco_kit.store import Store
 
 from ._common import badge_html, esc
@@ -30,7 +30,7 @@ def _hover(row: pd.Series) -> str:
     if pd.notna(row.get("device_ms")) and pd.notna(row.get("e2e_ms")):
         parts.append(f"device {row['device_ms']:.3f} ms, end to end {row['e2e_ms']:.3f} ms")
     if pd.notna(row["speedup"]):
-        parts.append(f"speed-up vs seed: {row['speedup']:.2f}x")
+        parts.append(f"speed-up vs seed: {ratio_text(row['speedup'], row['speedup_ci'])}")
     if row["verdict"] != "pass" and row["reason"]:
         parts.append(f"reason: {esc(str(row['reason'])[:80])}")
     return "<br>".join(parts)

@@ -3,8 +3,9 @@
   PYTHONPATH=. python3 benchmarks/search/run.py --out DIR [--budget-s 420] [--preset 4096] [--candidates 30]
   PYTHONPATH=. python3 benchmarks/search/run.py --dry-run      # CPU: SIMULATED evaluator, files in a temp dir
 
-1. Builds every knob variant of device_lsa.cu (72 = placement x sync x issuer x chunks) for each backend used,
-   plus the seeds, on a thread pool sharing the evaluator's build cache: count, seconds, cache hits.
+1. Builds every design of device_lsa.cu (72 = placement x sync x issuer x chunks; range knobs at their
+   defaults) for each backend used, plus the seeds, on a thread pool sharing the evaluator's build cache:
+   count, seconds, cache hits.
 2. Warms the rank workers of each world (seed + baseline, not recorded) and measures the per-evaluation time.
 3. Real offline searches with the GpuEvaluator, each into its own store benchmarks/search/<name>.sqlite:
    (a) 4 ranks under symm (+ MPS): for each of 3 seeds the design-space search (Optuna over the knob block) and
@@ -46,6 +47,7 @@ from cuco_kit.evaluate.device import MULTICAST_OFF
 
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 
+from common import ratio_cell
 from console import progress, say
 
 from cuco_kit import markers
@@ -80,8 +82,10 @@ PASS_LOG_CHARS = 800  # log tails kept for passing evaluations in the committed 
 # ------------------------------------------------------------------------------------------------ plan
 
 def knob_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """Every point of the knob block, as (values, code)."""
-    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code)]
+    """Every combination of the knob block's written-set knobs (the designs), range knobs at their defaults, as
+    (values, code): what is worth building ahead; other tunings build on demand."""
+    names = [k.name for k in markers.knobs(code) if k.range is None]
+    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code, names)]
 
 
 def short(knobs: dict[str, str] | None) -> str:
@@ -161,6 +165,7 @@ def evaluation_rows(store: Store, run_id: int) -> list[dict[str, Any]]:
                     "level": r.get("level_reached"), "reason": (r.get("reason") or "")[:200],
                     "median_ms": r.get("median_ms") if r.get("verdict") == "pass" else None,
                     "seed_median_ms": r.get("seed_median_ms"), "speedup": r.get("speedup"),
+                    "speedup_ci": r.get("speedup_ci"),
                     "flagged": bool(r.get("flagged")), "eval_seconds": prov.get("eval_seconds"),
                     "build_cached": prov.get("build_cached"), "warm_workers": prov.get("warm_workers")})
     return out
@@ -231,7 +236,8 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
            "seed_ms": seed_rows[0]["median_ms"] if seed_rows else None,
            "baseline_ms": base_rows[0]["median_ms"] if base_rows else None,
            "best_ms": best and best["median_ms"], "best_knobs": best and best["knobs"],
-           "best_speedup": best and best["speedup"], "best_evaluation_id": best and best["evaluation_id"],
+           "best_speedup": best and best["speedup"], "best_speedup_ci": best and best["speedup_ci"],
+           "best_evaluation_id": best and best["evaluation_id"],
            "placements_evaluated": sorted({p for r in cands if (p := placement(r["knobs"]))}),
            "placements_passed": sorted({p for r in cands if r["verdict"] == "pass" and (p := placement(r["knobs"]))}),
            "best_so_far_ms": curve, "prebuilds": summary.get("prebuilds"), "rows": rows}
@@ -383,6 +389,13 @@ def fmt(v: Any, p: int = 4) -> str:
     return "-" if v is None else f"{v:.{p}f}" if isinstance(v, float) else str(v)
 
 
+def best_ratio(run: dict[str, Any]) -> str:
+    """A run's best x seed with its bootstrap interval and label (runs recorded before intervals: the ratio)."""
+    if run.get("best_speedup") is None:
+        return "-"
+    return ratio_cell({"speedup": run["best_speedup"], "speedup_ci": run.get("best_speedup_ci")})
+
+
 def make_table(result: dict[str, Any]) -> str:
     m = result["meta"]
     badge = m["badge"]
@@ -401,7 +414,7 @@ def make_table(result: dict[str, Any]) -> str:
         lines.append(
             f"| {r['name']} | {r['world']} | {r['backend']} | {fmt(r['provenance'].get('mps'))} | "
             f"{m['presets'][r['name']]} | {r['method']} | {r['seed']} | {r['candidates']} ({r['passed']}) | "
-            f"{fmt(r['best_ms'])} | {fmt(r['best_speedup'], 3)} | {fmt(r['baseline_ms'])} | {fmt(r['seed_ms'])} | "
+            f"{fmt(r['best_ms'])} | {best_ratio(r)} | {fmt(r['baseline_ms'])} | {fmt(r['seed_ms'])} | "
             f"{short(r['best_knobs'])} | {', '.join(r['placements_evaluated']) or '-'} | {fmt(r['wall_s'], 1)} |")
     c = result["comparison"]
     if c["per_seed"]:

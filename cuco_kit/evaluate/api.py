@@ -17,8 +17,9 @@ Verdict = Literal["pass", "fail", "error", "unavailable"]
 # synthetic landscape, or absent ("unmeasured": no GPU to measure on, so only L0/L1 ran).
 Badge = Literal["real", "replayed", "simulated", "unmeasured"]
 LEVELS: tuple[Level, ...] = ("L0", "L1", "L2", "L3")
-# The result contract (docs/contracts.md). 2: `timing` (device and end-to-end times beside the score).
-RESULT_VERSION = 2
+# The result contract (docs/contracts.md). 2: `timing` (device and end-to-end times beside the score). 3:
+# `seed_iteration_ms` and `speedup_ci`, and `version` itself; a stored result without one is version 1 or 2.
+RESULT_VERSION = 3
 
 # A progress callback receives small dicts such as
 #   {"level": "L2", "rank": 1, "step": "verify", "done": 3, "total": 10}
@@ -64,6 +65,10 @@ class EvalResult:
     per_rank_median_ms: list[float] | None = None
     seed_median_ms: float | None = None  # the seed measured in the same run
     speedup: float | None = None  # seed_median_ms / median_ms
+    seed_iteration_ms: list[float] | None = None  # the seed's timed iterations in the same run (max over ranks)
+    # [lo, hi]: 95% bootstrap interval of the speed-up from both runs' timed iterations (evaluate.stats.speedup_ci);
+    # None when absent (no seed iterations, or fewer than 2 on a side)
+    speedup_ci: list[float] | None = None
     max_rel_err: float | None = None
     flagged: bool = False  # speed-up above 3x over the seed: a human looks before it counts
     badge: Badge = "real"
@@ -75,6 +80,7 @@ class EvalResult:
     timing: dict[str, Any] | None = None
     logs: dict[str, str] = field(default_factory=dict)  # "build", "rank0", ... (tails, never parsed for results)
     provenance: dict[str, Any] = field(default_factory=dict)  # gpu, driver, cuda, nccl, mps, git, date, world...
+    version: int = RESULT_VERSION
 
     @property
     def passed(self) -> bool:
@@ -85,7 +91,7 @@ class EvalResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EvalResult:
-        return cls(**d)
+        return cls(**{"version": 2 if d.get("timing") else 1, **d})  # written before results carried a version
 
 
 class EvaluatorLost(RuntimeError):

@@ -45,7 +45,7 @@ from cuco_kit.evaluate.build import (
 from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
-from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats
+from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats, speedup_ci
 from cuco_kit.workload import Workload, load_workload
 
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
@@ -397,6 +397,8 @@ class GpuEvaluator:
             if res.verdict == "pass" and res.median_ms and res.seed_median_ms:
                 res.speedup = res.seed_median_ms / res.median_ms
                 res.flagged = res.speedup > FLAG_SPEEDUP
+                res.seed_iteration_ms = seed_iterations(res, seed_res)
+                res.speedup_ci = speedup_ci(res.seed_iteration_ms, res.iteration_ms, seed=req.seed)
         if notes:
             res.provenance["notes"] = notes + res.provenance.get("notes", [])
         self.history.append({"label": req.label, "warm": prov["warm_workers"], "verdict": res.verdict})
@@ -480,6 +482,12 @@ def merge_timings(replies: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 NO_DEVICE_TIME = "no device time: the step waits on its own stream inside cuco_step; scored end to end"
+
+
+def seed_iterations(res: EvalResult, seed: EvalResult) -> list[float] | None:
+    """The seed's timed iterations in the timing that scored the candidate (after compare_timings)."""
+    block = seed.timing.get(res.timing["score"]) if res.timing is not None and seed.timing is not None else None
+    return block["iteration_ms"] if block else seed.iteration_ms
 
 
 def compare_timings(res: EvalResult, seed: EvalResult) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Progress
+from cuco_kit.evaluate.stats import speedup_ci
 from cuco_kit.store import EvaluationRow, Store
 from cuco_kit.workload import load_workload
 
@@ -99,7 +100,10 @@ class ReplayEvaluator:
         known = set(EvalResult.__dataclass_fields__)
         if progress is not None:
             progress({"level": d.get("level_reached"), "step": "replayed"})
-        return EvalResult.from_dict({k: v for k, v in d.items() if k in known})
+        res = EvalResult.from_dict({k: v for k, v in d.items() if k in known})
+        if res.speedup_ci is None:  # recorded before intervals: from the iterations it carries, else absent
+            res.speedup_ci = speedup_ci(res.seed_iteration_ms, res.iteration_ms, seed=request.seed)
+        return res
 
     def describe(self) -> str:
         """One line for the badge: which GPUs and dates the database holds."""

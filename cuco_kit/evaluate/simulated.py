@@ -3,7 +3,9 @@ and badged "simulated" (widgets show the badge; nothing here may be reported as 
 
 Latency is a function of the candidate's knob values: each (knob, value) has an effect and each pair of knob
 values an interaction, drawn from a hash of the simulator's seed, so the landscape has structure (some values
-win, some combinations clash) that a search can learn. Some combinations fail at L1 ("build") or L2
+win, some combinations clash) that a search can learn. Along a numeric range knob the effect is a smooth bowl
+around a hashed optimum, and interactions see only the knob's bucket (markers.cell_value), as real tuning
+constants behave. Some combinations fail at L1 ("build") or L2
 ("verification") with a reason; per-iteration noise comes from an RNG seeded by (seed, code, request seed), so
 the same request always gets the same result. L0 is the real static check (cuco_kit.static_check) when the request
 carries the parent's code; edits outside the knob block perturb the latency a little (a hash of the code).
@@ -21,10 +23,12 @@ import random
 import statistics
 import threading
 import time
+from dataclasses import replace
 
 from cuco_kit import markers
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
+from cuco_kit.evaluate.stats import speedup_ci
 
 
 def _u(*parts: object) -> float:
@@ -67,11 +71,22 @@ class SimulatedEvaluator:
             return base
         log_t = math.log(self.baseline_factor)
         names = sorted(knobs)
+        ranges = _range_knobs(code)
+        coarse = dict(knobs)  # pairs see a range knob's bucket only, so the landscape stays smooth along it
         for n in names:
-            log_t += (_u(self.seed, "effect", n, knobs[n]) - 0.5) * 2 * self.effect
+            k = ranges.get(n)
+            if k is not None and knobs[n] in k.allowed:
+                coarse[n] = markers.cell_value(replace(k, value=knobs[n]))
+                # A bowl along the range: -effect at a hashed optimum, +effect at the farthest end.
+                pos = k.allowed.index(knobs[n]) / max(1, len(k.allowed) - 1)
+                opt = _u(self.seed, "optimum", n)
+                d = abs(pos - opt) / max(opt, 1.0 - opt)
+                log_t += (2.0 * d * d - 1.0) * self.effect
+            else:
+                log_t += (_u(self.seed, "effect", n, knobs[n]) - 0.5) * 2 * self.effect
         for i, a in enumerate(names):
             for b in names[i + 1:]:
-                log_t += (_u(self.seed, "pair", a, knobs[a], b, knobs[b]) - 0.5) * 2 * self.interaction
+                log_t += (_u(self.seed, "pair", a, coarse[a], b, coarse[b]) - 0.5) * 2 * self.interaction
         if code:
             log_t += (_u(self.seed, "code", _outside_knobs(code)) - 0.5) * 0.1
         return base * math.exp(log_t)
@@ -136,12 +151,12 @@ class SimulatedEvaluator:
         truth = self.true_ms(knobs, code, request.world_size)
         iters = [truth * math.exp(rng.gauss(0.0, self.noise)) for _ in range(max(1, request.iters))]
         median = statistics.median(iters)
-        seed_ms = None
+        seed_ms = seed_iters = None
         if request.measure_seed:
             srng = random.Random(f"{self.seed}/seed/{ch}/{request.seed}")
             base = self.true_ms({}, "", request.world_size)
-            seed_ms = statistics.median(base * math.exp(srng.gauss(0.0, self.noise))
-                                        for _ in range(max(1, request.iters)))
+            seed_iters = [base * math.exp(srng.gauss(0.0, self.noise)) for _ in range(max(1, request.iters))]
+            seed_ms = statistics.median(seed_iters)
         q = statistics.quantiles(iters, n=10) if len(iters) >= 2 else [median] * 9
         speedup = seed_ms / median if seed_ms else None
         e2e = [t + self.host_ms for t in iters]
@@ -151,8 +166,19 @@ class SimulatedEvaluator:
         return EvalResult(
             "L3", "pass", median_ms=median, spread_ms=q[-1] - q[0], iteration_ms=iters,
             per_rank_median_ms=[median * (1.0 - 0.01 * r) for r in range(request.world_size)],
-            seed_median_ms=seed_ms, speedup=speedup, max_rel_err=1e-3 * _u(self.seed, "rel", ch),
+            seed_median_ms=seed_ms, speedup=speedup, seed_iteration_ms=seed_iters,
+            speedup_ci=speedup_ci(seed_iters, iters, seed=request.seed), max_rel_err=1e-3 * _u(self.seed, "rel", ch),
             flagged=bool(speedup and speedup > FLAG_SPEEDUP), badge="simulated", timing=timing, provenance=prov)
+
+
+def _range_knobs(code: str) -> dict[str, markers.Knob]:
+    """The range knobs of `code`'s knob block by name ({} without code or with a broken block)."""
+    if not code:
+        return {}
+    try:
+        return {k.name: k for k in markers.knobs(code) if k.range is not None}
+    except BadInput:
+        return {}
 
 
 def _knobs(code: str) -> tuple[dict[str, str], str | None]:

@@ -1,17 +1,19 @@
-"""The numbers both sides of an evaluation agree on, in the standard library only: which timed iterations are
-verified, the seed of each rank's inputs, the size of the L2 flush, and how per-rank timings combine into the
-reported median and spread.
+"""The numbers both sides of an evaluation agree on: which timed iterations are verified, the seed of each rank's
+inputs, the size of the L2 flush, how per-rank timings combine into the reported median and spread, and how
+sure a ratio is (a seeded percentile bootstrap over the timed iterations).
 
-Ranks use them while measuring (rank.harness); the parent applies iteration_stats to what they report
-(gpu_evaluator). Nothing here imports torch or numpy, so the parent can import it without either.
+Ranks use them while measuring (rank.harness); the parent applies iteration_stats and speedup_ci to what they
+report (gpu_evaluator). Only the standard library and numpy (no torch), so the parent imports it freely.
 """
 from __future__ import annotations
 
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 FLUSH_BYTES = 256 << 20  # >= 2x the 60 MB L2 of H100/H200
 
@@ -59,3 +61,61 @@ def verified_iterations(iters: int, verify_every: int, seed: int) -> list[int]:
 def input_seed(seed: int, trial: int, rank: int) -> int:
     """Seed of one rank's inputs in one trial; the same on every rank (so references need no gather)."""
     return (int(seed) * 1_000_003 + int(trial) * 9_176_941 + int(rank) * 7919 + 17) % (2**63 - 1)
+
+
+# ---- confidence intervals ------------------------------------------------------------------------------------
+
+CI_LEVEL = 0.95  # two-sided
+BOOTSTRAP_RESAMPLES = 2000
+NO_DIFFERENCE = "no measurable difference"  # the label of a ratio whose interval contains 1.0
+
+
+def bootstrap_ci(samples: Sequence[Sequence[float]], statistic: Callable[..., np.ndarray], *,
+                 resamples: int = BOOTSTRAP_RESAMPLES, level: float = CI_LEVEL, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of `statistic` over independent samples: each sample is resampled with
+    replacement on its own, `resamples` times (seeded: the same inputs give the same interval). `statistic`
+    takes one (resamples, n_i) array per sample and returns one value per resample."""
+    rng = np.random.default_rng(seed)
+    drawn = [rng.choice(np.asarray(x, dtype=float), size=(resamples, len(x)), replace=True) for x in samples]
+    values = statistic(*drawn)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(values, [tail, 1.0 - tail])
+    return float(lo), float(hi)
+
+
+def _median_ratio(seed: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    return np.median(seed, axis=1) / np.median(candidate, axis=1)
+
+
+def speedup_ci(seed_ms: Sequence[float] | None, candidate_ms: Sequence[float] | None, *,
+               seed: int = 0) -> list[float] | None:
+    """[lo, hi]: the CI_LEVEL bootstrap interval of median(seed) / median(candidate) from the two runs' timed
+    iterations (unpaired: they were measured one after the other). None (absent) when either side carries
+    fewer than 2 positive finite times."""
+    if not seed_ms or not candidate_ms or len(seed_ms) < 2 or len(candidate_ms) < 2:
+        return None
+    if not all(math.isfinite(x) and x > 0 for x in [*seed_ms, *candidate_ms]):
+        return None
+    lo, hi = bootstrap_ci([seed_ms, candidate_ms], _median_ratio, seed=seed)
+    return [lo, hi]
+
+
+def mean_ci(values: Sequence[float], *, seed: int = 0) -> list[float] | None:
+    """[lo, hi]: the CI_LEVEL bootstrap interval of the mean of `values` (None for fewer than 2)."""
+    if len(values) < 2:
+        return None
+    lo, hi = bootstrap_ci([values], lambda a: a.mean(axis=1), seed=seed)
+    return [lo, hi]
+
+
+def no_measurable_difference(ci: Sequence[float] | None) -> bool:
+    """Whether an interval of a ratio contains 1.0 (False when the interval is absent)."""
+    return ci is not None and len(ci) == 2 and ci[0] <= 1.0 <= ci[1]
+
+
+def ratio_label(ci: Sequence[float] | None) -> str:
+    """What a table says beside a ratio: NO_DIFFERENCE when its interval contains 1.0, "no interval" when it is
+    absent, else ""."""
+    if ci is None:
+        return "no interval"
+    return NO_DIFFERENCE if no_measurable_difference(ci) else ""

@@ -1,7 +1,8 @@
 """The archive: the best program per design-space cell (MAP-Elites style), the source of inspirations.
 
 A cell is derived from the program itself, never from what a proposal claims: the backend, every knob of the
-knob block (placement, sync scope, issuer and chunking are knobs by contract) and a few features of the
+knob block (placement, sync scope, issuer and chunking are knobs by contract; a numeric range knob by its
+bucket, low / middle / high, so a thread count does not make one cell per value) and a few features of the
 communication analyser (device API used, number of streams). Proposal tags are advisory only.
 """
 from __future__ import annotations
@@ -21,12 +22,16 @@ log = logging.getLogger("cuco_kit.search")
 DEFAULT_FEATURES = ("uses_device_api", "n_streams")
 
 
+def _knobs(code: str) -> list[markers.Knob]:
+    try:
+        return markers.knobs(code)
+    except Exception:  # noqa: BLE001 - a broken knob block is L0's finding, not the archive's
+        return []
+
+
 def knob_values(code: str) -> dict[str, str]:
     """The knob block's values ({} when the program has none or its knob block is broken)."""
-    try:
-        return {k.name: k.value for k in markers.knobs(code)}
-    except Exception:  # noqa: BLE001 - a broken knob block is L0's finding, not the archive's
-        return {}
+    return {k.name: k.value for k in _knobs(code)}
 
 
 def analyzer_features(code: str, keys: Sequence[str] = DEFAULT_FEATURES) -> dict[str, Any]:
@@ -51,7 +56,8 @@ def _all_features(code: str) -> dict[str, Any]:
 
 
 def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | None = None) -> str:
-    """``backend=<b>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer."""
+    """``backend=<b>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer. `knobs`
+    are cell values (`markers.cell_values`: a range knob's bucket, not its value)."""
     parts = [f"backend={backend}", markers.design_cell(knobs)] if knobs else [f"backend={backend}", "knobs=-"]
     features = features or {}
     for k in sorted(features):
@@ -61,9 +67,10 @@ def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | Non
 
 
 def cell_of(code: str, backend: str, feature_keys: Sequence[str] = DEFAULT_FEATURES) -> tuple[dict[str, str], str]:
-    """(knob values, cell key) of a program."""
-    knobs = knob_values(code)
-    return knobs, cell_key(knobs, backend, analyzer_features(code, feature_keys))
+    """(knob values, cell key) of a program; range knobs enter the key by bucket (`markers.cell_value`)."""
+    found = _knobs(code)
+    return ({k.name: k.value for k in found},
+            cell_key(markers.cell_values(found), backend, analyzer_features(code, feature_keys)))
 
 
 @dataclass

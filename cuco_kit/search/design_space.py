@@ -1,4 +1,6 @@
 """The offline mutation source: Optuna ask-and-tell over the knob block, structural placement knobs included.
+Written sets are categorical distributions; numeric range knobs are IntDistributions (pow2 ranges over the
+exponent), so the samplers see order and distance, not unrelated labels.
 
 Optuna has no lineage, so each proposal uses a throwaway in-memory study for its lineage node (the parent):
 the parent's own values are enqueued first (``enqueue_trial``) and told with its result, the parent's
@@ -44,6 +46,44 @@ class DesignSpaceConfig:
     n_startup_trials: int = 4  # sampler's random start before modelling
     max_asks: int = 30  # asks per proposal before giving up on finding an unseen combination
     failed_value: float = 0.0  # value told for a failed combination (speed-up 0)
+
+
+def distributions(knobs: list[markers.Knob]) -> dict[str, BaseDistribution]:
+    """Optuna's distribution of each knob: a written set is categorical; a range knob an IntDistribution (with
+    its step), a pow2 knob an IntDistribution over the exponent, so the sampler models order and distance."""
+    import optuna
+
+    out: dict[str, BaseDistribution] = {}
+    for k in knobs:
+        if k.range is None:
+            out[k.name] = optuna.distributions.CategoricalDistribution(list(k.allowed))
+        elif k.range.kind == "pow2":
+            out[k.name] = optuna.distributions.IntDistribution(_log2(k.range.low), _log2(k.range.high))
+        else:
+            out[k.name] = optuna.distributions.IntDistribution(k.range.low, k.range.high, step=k.range.step)
+    return out
+
+
+def _log2(v: int) -> int:
+    return int(v).bit_length() - 1
+
+
+def to_params(by_name: dict[str, markers.Knob], values: dict[str, str]) -> dict[str, Any]:
+    """Knob values (source tokens) -> Optuna params of `distributions`."""
+    out: dict[str, Any] = {}
+    for n, v in values.items():
+        r = by_name[n].range
+        out[n] = v if r is None else _log2(int(v)) if r.kind == "pow2" else int(v)
+    return out
+
+
+def from_params(by_name: dict[str, markers.Knob], params: dict[str, Any]) -> dict[str, str]:
+    """Optuna params of `distributions` -> knob values (source tokens)."""
+    out: dict[str, str] = {}
+    for n, v in params.items():
+        r = by_name[n].range
+        out[n] = str(v) if r is None else str(1 << int(v)) if r.kind == "pow2" else str(int(v))
+    return out
 
 
 class DesignSpaceSource:
@@ -101,8 +141,8 @@ class DesignSpaceSource:
             return []
         if not knobs:
             return []
-        dists: dict[str, BaseDistribution] = {
-            k.name: optuna.distributions.CategoricalDistribution(list(k.allowed)) for k in knobs}
+        dists = distributions(knobs)
+        by_name = {k.name: k for k in knobs}
         allowed = {k.name: k.allowed for k in knobs}
         parent_values = {k.name: k.value for k in knobs}
         known_bad: set[tuple] = set()
@@ -112,7 +152,7 @@ class DesignSpaceSource:
 
         def constraints(trial: Any) -> list[float]:
             # Infeasible (> 0) when the lineage saw this combination fail or the user predicate rejects it.
-            params = {n: str(v) for n, v in trial.params.items()}
+            params = from_params(by_name, trial.params)
             bad = key(params) in known_bad if len(params) == len(dists) else False
             if self.is_valid is not None and len(params) == len(dists) and not self.is_valid(params):
                 bad = True
@@ -125,7 +165,7 @@ class DesignSpaceSource:
         seen: dict[tuple, ProgramView | None] = {key(parent_values): parent}
 
         # The parent's point first: enqueued, asked, told with what the store knows of it.
-        study.enqueue_trial(parent_values)
+        study.enqueue_trial(to_params(by_name, parent_values))
         t = study.ask(dists)
         self._tell(study, t, parent, known_bad, key(parent_values))
         for child in lineage:
@@ -141,7 +181,7 @@ class DesignSpaceSource:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 study.add_trial(optuna.trial.create_trial(
-                    params=values, distributions=dists,
+                    params=to_params(by_name, values), distributions=dists,
                     value=fit if fit is not None else self.config.failed_value,
                     system_attrs={"constraints": [0.0 if fit is not None else 1.0]}))
 
@@ -151,7 +191,7 @@ class DesignSpaceSource:
         while len(out) < ctx.n and asks < self.config.max_asks:
             asks += 1
             trial = study.ask(dists)
-            values = {n: str(v) for n, v in trial.params.items()}
+            values = from_params(by_name, trial.params)
             k = key(values)
             if k in seen or (self.is_valid is not None and not self.is_valid(values)):
                 # Already measured (or proposed in this batch): tell what we know so the sampler moves on.
