@@ -46,8 +46,6 @@
 //               kWaitKernel  (kChunkFlags) one launch per segment, each remote one preceded by a 1-thread wait
 //                            kernel on ctx->stream; state carried between launches in the fp32 workspace
 //               (under kBarrier there are no flags and kWaitMode changes nothing)
-//   tuning      put CTA width, loads in flight, the piece each issuer owns, the put grid's SM share and the
-//               wait kernel's width: numeric range knobs
 //
 // Signalling protocol (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores
 // `epoch` (cuco_signal) and the consumer waits for `>= epoch`, so flags are never reset. Pieces of a
@@ -83,25 +81,20 @@ enum class Issuer { kWarp, kCta };
 enum class WaitMode { kInKernel, kWaitKernel };
 
 // EVOLVE-BLOCK-START knobs
-// Structure: which design (see "Design space" above).
 constexpr Placement kPlacement = Placement::kOverlapped;  // knob: {Placement::kSequential, Placement::kOverlapped}
 constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
 constexpr int kChunks = 2;  // knob: {1, 2, 4}
 constexpr WaitMode kWaitMode = WaitMode::kInKernel;  // knob: {WaitMode::kInKernel, WaitMode::kWaitKernel}
-// Tuning: sizes and shares inside a design.
-// Threads per put CTA (whole warps).
-constexpr int kPutThreads = 256;  // knob: range 128..1024 step 128
-// 16-byte loads each thread keeps in flight before storing them.
-constexpr int kLoadBatch = 4;  // knob: pow2 1..8
-// kWarp: vectors per lane of a warp-owned piece (8: 32 lanes x 8 x 16 B = 4 KiB).
-constexpr int kWarpVecsPerLane = 8;  // knob: pow2 2..32
-// kCta: vectors per thread of a CTA-owned piece (8: 256 threads x 8 x 16 B = 32 KiB).
-constexpr int kCtaVecsPerThread = 8;  // knob: pow2 1..16
-// kOverlapped: share of the SMs (percent) the put grid may hold.
-constexpr int kOverlapPutSmPercent = 20;  // knob: range 5..40 step 5
-// Threads of a wait kernel.
-constexpr int kWaitThreads = 32;  // knob: pow2 32..256
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 256;          // threads per put CTA
+constexpr int kLoadBatch = 4;             // 16-byte loads each thread keeps in flight before storing them
+constexpr int kWarpVecsPerLane = 8;       // kWarp: 32 lanes x 8 x 16 B = 4 KiB per piece
+constexpr int kCtaVecsPerThread = 8;      // kCta: 256 threads x 8 x 16 B = 32 KiB per piece
+constexpr int kOverlapPutSmPercent = 20;  // kOverlapped: share of the SMs the put grid may hold
+constexpr int kWaitThreads = 32;          // threads of a wait kernel
 // EVOLVE-BLOCK-END
 
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16

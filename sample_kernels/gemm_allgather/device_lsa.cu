@@ -38,8 +38,6 @@
 //   kIssuer     kThread / kWarp / kCta: the unit that owns a piece of a chunk, stores it (thread: a contiguous
 //                            run per thread; warp/CTA: coalesced, lane-strided) and reports its arrival
 //   kChunks     1, 2, 4, 8: pipeline depth (more chunks: earlier first GEMM, more and smaller GEMMs)
-//   tuning      put CTA width, loads in flight, the piece each issuer owns, the persistent kernel's SM share and
-//               the wait kernel's width: numeric range knobs (72 designs x 128,000 tunings = 9.2 M points)
 //
 // Signalling protocol (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores
 // `epoch` (cuco_signal) and the consumer waits for `>= epoch` (cuco_wait), so flags are never reset. Pieces
@@ -70,26 +68,20 @@ enum class Sync { kBarrier, kChunkFlags };
 enum class Issuer { kThread, kWarp, kCta };
 
 // EVOLVE-BLOCK-START knobs
-// Structure: which design (see "Design space" above).
 constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream, Placement::kPersistent}
 constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kThread, Issuer::kWarp, Issuer::kCta}
 constexpr int kChunks = 4;  // knob: {1, 2, 4, 8}
-// Tuning: sizes and shares inside a design.
-// Threads per put CTA (whole warps).
-constexpr int kPutThreads = 512;  // knob: range 128..1024 step 128
-// 16-byte loads each thread keeps in flight before storing them.
-constexpr int kLoadBatch = 4;  // knob: pow2 1..8
-// kThread: 16-byte vectors in a thread-owned piece (64: 1 KiB contiguous per thread).
-constexpr int kThreadPieceVecs = 64;  // knob: pow2 16..256
-// kWarp: vectors per lane of a warp-owned piece (8: 32 lanes x 8 x 16 B = 4 KiB).
-constexpr int kWarpVecsPerLane = 8;  // knob: pow2 2..32
-// kCta: vectors per thread of a CTA-owned piece (4: 512 threads x 4 x 16 B = 32 KiB).
-constexpr int kCtaVecsPerThread = 4;  // knob: pow2 1..16
-// kPersistent: share of the SMs (percent) the persistent put kernel may hold.
-constexpr int kPersistentSmPercent = 12;  // knob: range 4..32 step 4
-// Threads of a wait kernel (one flag each, strided).
-constexpr int kWaitThreads = 32;  // knob: pow2 32..256
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 512;           // threads per put CTA
+constexpr int kLoadBatch = 4;              // 16-byte loads each thread keeps in flight before storing them
+constexpr int kThreadPieceVecs = 64;       // kThread: 1 KiB contiguous per thread-owned piece
+constexpr int kWarpVecsPerLane = 8;        // kWarp: 32 lanes x 8 x 16 B = 4 KiB per piece
+constexpr int kCtaVecsPerThread = 4;       // kCta: 512 threads x 4 x 16 B = 32 KiB per piece
+constexpr int kPersistentSmPercent = 12;   // kPersistent: share of the SMs the put kernel may hold
+constexpr int kWaitThreads = 32;           // threads of a wait kernel (one flag each, strided)
 // EVOLVE-BLOCK-END
 
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16

@@ -42,7 +42,6 @@
 //                            page table into shared memory, copies with lane-strided 16-byte vectors, signals
 //   kPutBlocks  CTAs of the put (or pull) kernel: SMs taken from the concurrent GEMM vs transfer bandwidth
 //   kChunkTokens tokens per chunk: the unit of work and, with kChunk, of signalling
-//   tuning      put CTA width, loads in flight, wait and signal kernel widths: numeric range knobs
 //
 // Signalling (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores `epoch`
 // (cuco_signal: a release store at system scope after the unit's barrier, so all the unit's stores are
@@ -73,23 +72,18 @@ enum class SyncScope { kLayer, kChunk };
 enum class Issuer { kWarp, kCta };
 
 // EVOLVE-BLOCK-START knobs
-// Structure: which design (see "Design space" above).
 constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream, Placement::kPull}
 constexpr SyncScope kSyncScope = SyncScope::kChunk;  // knob: {SyncScope::kLayer, SyncScope::kChunk}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
-// Tuning: sizes inside a design.
-// CTAs of the put (or pull) kernel.
-constexpr int kPutBlocks = 32;  // knob: range 8..64 step 8
-// Tokens per chunk.
-constexpr int kChunkTokens = 32;  // knob: pow2 8..128
-// Threads per put / pull CTA (whole warps).
-constexpr int kPutThreads = 512;  // knob: range 128..1024 step 128
-// 16-byte loads each thread keeps in flight before storing them.
-constexpr int kLoadBatch = 4;  // knob: pow2 1..8
-// Threads of the decode rank's wait kernel (one flag each, strided).
-constexpr int kWaitThreads = 256;  // knob: pow2 32..512
-// Threads of the pull-mode signal kernel.
-constexpr int kSignalThreads = 256;  // knob: pow2 32..512
+constexpr int kPutBlocks = 32;  // knob: {8, 16, 32, 64}
+constexpr int kChunkTokens = 32;  // knob: {8, 16, 32, 64, 128}
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 512;     // threads per put / pull CTA
+constexpr int kLoadBatch = 4;        // 16-byte loads each thread keeps in flight before storing them
+constexpr int kWaitThreads = 256;    // threads of the decode rank's wait kernel (one flag each, strided)
+constexpr int kSignalThreads = 256;  // threads of the pull-mode signal kernel
 // EVOLVE-BLOCK-END
 
 constexpr int kWarpSize = 32;

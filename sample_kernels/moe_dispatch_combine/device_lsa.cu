@@ -39,7 +39,6 @@
 //                            row straight from the expert rank's out window (no return copy)
 //   kPutBlocks  CTAs of each push kernel: SMs taken from the concurrent GEMMs vs transfer bandwidth
 //   kChunkRows  rows per work item: load balance vs per-item overhead
-//   tuning      push CTA width, loads in flight, wait and combine kernel widths: numeric range knobs
 // Dispatch wire format: the workload's FP8 parameter, not a knob (it changes the numbers the layer computes, so
 // the reference follows it). FP8=0 moves bf16 rows; FP8=1 moves block-scaled e4m3 rows (H bytes and H/128 fp32
 // scales, moe_kernels.cuh): every routed row is encoded right after the gather (own rows then computed on what
@@ -78,24 +77,19 @@ enum class Issuer { kWarp, kCta };
 enum class Combine { kPushBack, kPull };
 
 // EVOLVE-BLOCK-START knobs
-// Structure: which design (see "Design space" above).
 constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream}
 constexpr SyncScope kSyncScope = SyncScope::kRank;  // knob: {SyncScope::kRank, SyncScope::kCta}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
 constexpr Combine kCombine = Combine::kPushBack;  // knob: {Combine::kPushBack, Combine::kPull}
-// Tuning: sizes inside a design.
-// CTAs of each push kernel.
-constexpr int kPutBlocks = 32;  // knob: range 8..64 step 8
-// Rows per work item.
-constexpr int kChunkRows = 8;  // knob: pow2 2..32
-// Threads per push CTA (whole warps).
-constexpr int kPutThreads = 512;  // knob: range 128..1024 step 128
-// 16-byte loads each thread keeps in flight before storing them.
-constexpr int kLoadBatch = 4;  // knob: pow2 1..8
-// Threads of the wait kernels (one flag each, strided).
-constexpr int kWaitThreads = 256;  // knob: pow2 32..512
-// Threads per combine CTA.
-constexpr int kCombineThreads = 256;  // knob: pow2 64..1024
+constexpr int kPutBlocks = 32;  // knob: {8, 16, 32, 64}
+constexpr int kChunkRows = 8;  // knob: {2, 4, 8, 16, 32}
+// EVOLVE-BLOCK-END
+
+// EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 512;   // threads per push CTA
+constexpr int kLoadBatch = 4;      // 16-byte loads each thread keeps in flight before storing them
+constexpr int kWaitThreads = 256;  // threads of the wait kernels (one flag each, strided)
+constexpr int kCombineThreads = 256;
 // EVOLVE-BLOCK-END
 
 constexpr const char* kWindowNames[kWindows] = {"send", "recv", "out", "ret", "counts"};
