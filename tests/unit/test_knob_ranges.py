@@ -8,7 +8,6 @@ from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.search import archive, design_space
 
-
 CODE = """// EVOLVE-BLOCK-START knobs
 constexpr int kThreads = 512;  // knob: range 128..1024 step 128
 constexpr int kBatch = 4;  // knob: pow2 1..16
