@@ -49,6 +49,7 @@ from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
 from cuco_kit.search import islands as islands_mod
+from cuco_kit.search import repair
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
 from cuco_kit.search.config import SearchConfig
@@ -155,6 +156,7 @@ class SearchEngine:
         self._ready: list[int] = []  # program ids approved and stored, waiting for evaluation
         self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
         self._best: float | None = None
+        self._build_failed: list[ProgramView] = []  # LLM programs of this round that did not compile
         self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
 
     @property
@@ -267,8 +269,9 @@ class SearchEngine:
             self._owner = True
         self.run_id = self._find_or_create_run()
         self._load_state()
-        # The ledger's budget is per database: what earlier runs in this store spent counts too.
-        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars, budget_tokens=cfg.budget.llm_tokens)
+        # The ledger's budget is per run: what earlier sessions of this run spent counts too.
+        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars, budget_tokens=cfg.budget.llm_tokens,
+                             prices=cfg.models.prices() or None, per_run=True)
         for s in self.sources:
             bind = getattr(s, "bind", None)
             if callable(bind):
@@ -276,7 +279,8 @@ class SearchEngine:
         bind_ledger = getattr(self.evaluator, "bind_ledger", None)  # optional: not part of the Evaluator protocol
         if callable(bind_ledger):
             bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
-        llm = next((getattr(s, "client", None) for s in self.sources if getattr(s, "client", None)), None)
+        llm = next((getattr(s, "meta_client", None) or getattr(s, "client", None) for s in self.sources
+                    if getattr(s, "client", None)), None)
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
                                    world_size=cfg.world_size)
         self.budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
@@ -507,7 +511,31 @@ class SearchEngine:
         self._admit(proposals, generation, round_generation=generation)
         self._drain_gate()
         self._evaluate_ready()
+        self._repair_builds(generation, rng)
         self._end_round(generation)
+
+    def _repair_builds(self, generation: int, rng: random.Random) -> None:
+        """LLM candidates of this round that did not compile go back to their source once, with the compiler's
+        errors (LLMSource.repair_build); the repairs are admitted and evaluated in the same round."""
+        failed, self._build_failed = self._build_failed, []
+        batch: list[tuple[Proposal, int]] = []
+        for p in failed:
+            source = next((s for s in self.sources if callable(getattr(s, "repair_build", None))), None)
+            parent = self.population.get(p.parent_id)
+            if source is None or parent is None or self._llm_out:
+                continue
+            slot = _Slot(0, p.island, "diff", parent, self.population.get(p.second_parent_id))
+            try:
+                got = source.repair_build(self._context(generation, slot, rng), p)
+            except LLMBudgetExceeded as exc:
+                self._llm_out = True
+                self._log(f"LLM budget spent: {exc}", "warning")
+                break
+            batch.extend((prop, p.island) for prop in got)
+        if batch:
+            self._admit(batch, generation, round_generation=generation)
+            self._drain_gate()
+            self._evaluate_ready()
 
     def _second_parent(self, parent: ProgramView, island: int, rng: random.Random) -> ProgramView | None:
         pool = [p for p in self.population.top(self.config.selection.crossover_pool)
@@ -699,6 +727,8 @@ class SearchEngine:
                 if q.result is not None and q.id != p.id:
                     self.population.set_result(q.id, q.result, q.evaluation_id)
         self.archive.update(p, self.population)
+        if p.source in ("llm_diff", "llm_full", "llm_crossover") and repair.is_build_failure(d):
+            self._build_failed.append(p)
         self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
                    verdict=result.verdict, median_ms=result.median_ms if result.passed else None,
                    speedup=result.speedup if result.passed else None, badge=result.badge, reason=result.reason,
