@@ -319,7 +319,9 @@ class SearchEngine:
         self._migrations = list(st.get("migrations", []))
         self._meta_summary = str(st.get("meta_summary", ""))
         self._wall_before = float(st.get("wall_s", 0.0))
-        self._llm_out = bool(st.get("llm_exhausted", False))
+        # Spent under the budget this session has: still spent; a raised budget lets the LLM propose again.
+        budget = [self.config.budget.llm_dollars, self.config.budget.llm_tokens]
+        self._llm_out = bool(st.get("llm_exhausted", False)) and st.get("llm_budget", budget) == budget
         if st.get("phase"):
             self.phase = PhaseController(self.config.phases, PhaseState(**st["phase"]))
         self.population = Population.from_store(self.store, rid, self._migrations)
@@ -771,7 +773,8 @@ class SearchEngine:
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
             "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,
-            "llm_exhausted": self._llm_out, "archive": self.archive.cells()})
+            "llm_exhausted": self._llm_out, "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
+            "archive": self.archive.cells()})
 
     # ------------------------------------------------------------------------------------------- summary
     def summary(self) -> SearchSummary:
