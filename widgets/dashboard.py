@@ -16,6 +16,7 @@ from cuco_kit.events import Event
 from ._common import Throttle, esc
 from .diff_review import DiffReview, side_by_side_html
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
+from .reasoning import ReasoningPanel
 from .views import LedgerView
 
 
@@ -38,10 +39,11 @@ class RunDashboard(W.VBox):
         self.latency = LatencyPlot(self.store, self.run_id, baselines=baselines)
         self.cells = DesignSpaceMap(self.store, self.run_id)
         self.ledger = LedgerView(self.store, self.run_id)
+        self.reasoning = ReasoningPanel(self.store, self.run_id, getattr(engine, "population", None))
         self.detail = W.HTML()
         self.lineage.on_select(self.show_program)
-        tabs = W.Tab([W.VBox([self.lineage, self.detail]), self.latency, self.cells, self.ledger])
-        for i, t in enumerate(["lineage", "latency", "design space", "LLM ledger"]):
+        tabs = W.Tab([W.VBox([self.lineage, self.detail]), self.latency, self.cells, self.ledger, self.reasoning])
+        for i, t in enumerate(["lineage", "latency", "design space", "LLM ledger", "reasoning"]):
             tabs.set_title(i, t)
         self.tabs = tabs
         self._refresh = Throttle(self._render, interval)
@@ -88,7 +90,7 @@ class RunDashboard(W.VBox):
             self.state.value = (f"state: <b>{esc(state)}</b> | pending: {len(live)} | "
                                 + (f"best: {best['median_ms']:.3f} ms (#{best['program_id']})"
                                    if best and best.get("median_ms") is not None else "best: -"))
-            for view in (self.lineage, self.latency, self.cells, self.ledger):
+            for view in (self.lineage, self.latency, self.cells, self.ledger, self.reasoning):
                 view.refresh()
 
     def close(self) -> None:

@@ -41,8 +41,8 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
-from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.llm_source import LLMSource
+from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store

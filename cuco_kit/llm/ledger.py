@@ -22,8 +22,8 @@ and reserved as if it had `DEFAULT_MAX_TOKENS`.
 With a store, the budget is per DATABASE by default: what every earlier run and command spent in that store
 counts, so a second `cuco fastpath` on the same database does not get a fresh budget. With `per_run=True` (the
 search) it is per RUN: what this run spent, in every session of it, counts, so a resumed run does not get a fresh
-budget either, and another run in the same file has its own. Every client that shares one `Ledger` (the search's mutators and evaluation-side helpers alike)
-draws from the same budget.
+budget either, and another run in the same file has its own. Every client that shares one `Ledger` (the
+search's mutators and evaluation-side helpers alike) draws from the same budget.
 
 Errors are redacted (redact.py) before they are kept or stored: whatever client raised them, no configured key
 and nothing shaped like a credential reaches the store's error column.

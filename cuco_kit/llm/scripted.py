@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cuco_kit.llm import prices as _prices
 from cuco_kit.llm.client import Completion, LLMError, LLMRequestRejected, LLMTruncated
-from cuco_kit.llm.fake_server import Scripted, content_text, approx_tokens, pick
+from cuco_kit.llm.fake_server import Scripted, approx_tokens, content_text, pick
 from cuco_kit.llm.openai_client import LLMConfig
 
 

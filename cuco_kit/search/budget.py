@@ -4,7 +4,8 @@ Dollars are per RUN (default DEFAULT_LLM_DOLLARS, the paper's bound per workload
 ledger for the run, so every client that records into the same store and
 run (the search's mutators and any evaluation-side helper) counts; the ledger itself reserves each call's worst
 case before sending it and refuses what does not fit, counting everything spent in the database
-(cuco_kit/llm/ledger.py, per run). Wall time adds up over resumed sessions (the engine stores what earlier sessions used).
+(cuco_kit/llm/ledger.py, per run). Wall time adds up over resumed sessions (the engine stores what earlier
+sessions used).
 """
 from __future__ import annotations
 

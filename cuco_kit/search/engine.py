@@ -773,7 +773,8 @@ class SearchEngine:
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
             "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,
-            "llm_exhausted": self._llm_out, "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
+            "llm_exhausted": self._llm_out,
+            "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
             "archive": self.archive.cells()})
 
     # ------------------------------------------------------------------------------------------- summary

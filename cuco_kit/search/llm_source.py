@@ -124,7 +124,11 @@ class LLMSource:
     def __init__(self, client: LLMClient | Mapping[str, LLMClient], config: LLMSourceConfig | None = None, *,
                  specs: Mapping[str, ModelSpec] | None = None, meta_client: LLMClient | None = None,
                  bandit_c: float = 0.5) -> None:
-        self.clients: dict[str | None, LLMClient] = dict(client) if isinstance(client, Mapping) else {None: client}
+        self.clients: dict[str | None, LLMClient] = {}
+        if isinstance(client, Mapping):
+            self.clients.update(client)
+        else:
+            self.clients[None] = client
         if not self.clients:
             raise ValueError("LLMSource needs at least one client")
         self.specs: dict[str, ModelSpec] = dict(specs or {})

@@ -87,13 +87,14 @@ def model_roles(calls: Iterable[Mapping[str, Any]], programs: Iterable[Any] = ()
             r.dollars += float(c["dollars"])
     fit = fitness or {}
     for p in programs:
-        get = p.get if isinstance(p, Mapping) else lambda k, _p=p: getattr(_p, k)
-        model = model_of_program(get("tags") or [])
+        d: Mapping[str, Any] = p if isinstance(p, Mapping) else vars(p)
+        model = model_of_program(d.get("tags") or [])
         if model is None:
             continue
         r = row(model, "mutation")
         r.programs += 1
-        mine, theirs = fit.get(get("id")), fit.get(get("parent_id"))
+        parent = d.get("parent_id")
+        mine, theirs = fit.get(d["id"]), fit.get(parent) if parent is not None else None
         if mine is not None and (theirs is None or mine > theirs):
             r.wins += 1
             r.improvement += mine - (theirs if theirs is not None else mine)

@@ -3,8 +3,9 @@
 Offline it compares normalised token n-grams (comments dropped, whitespace ignored, numeric literals kept:
 they are often the point of a change) with Jaccard similarity. On a large file a targeted edit leaves the ratio
 near 1 however real it is, so a proposal with at least ``min_new_ngrams`` n-grams its peer lacks is novel too:
-only changes to comments and whitespace (no new n-gram) or a token or two are near-duplicates there. Optionally, embeddings from an
-OpenAI-compatible endpoint (cuco_kit.llm.embeddings) replace the n-grams with cosine similarity.
+only changes to comments and whitespace (no new n-gram) or a token or two are near-duplicates there.
+Optionally, embeddings from an OpenAI-compatible endpoint (cuco_kit.llm.embeddings) replace the n-grams with
+cosine similarity.
 
 Design-space and human proposals are exempt by default: a knob move differs from its parent by design in one
 token (exact repeats are caught by the code hash instead), and a person's edit is never second-guessed.

@@ -42,8 +42,8 @@ def test_splice_takes_blocks_from_prose_and_several_fences_and_keeps_frozen_byte
     moe = MOE.read_text()
     tuning = next(b for b in markers.blocks(moe) if b.name == "tuning")
     new_tuning = tuning.text.replace("kLoadBatch = 4;", "kLoadBatch = 8;")
-    ans = (f"I would change the tuning.\n\n```cuda\n// EVOLVE-BLOCK-START tuning\n{new_tuning}// EVOLVE-BLOCK-END\n```\n"
-           "That is all.\n")
+    ans = ("I would change the tuning.\n\n```cuda\n// EVOLVE-BLOCK-START tuning\n"
+           f"{new_tuning}// EVOLVE-BLOCK-END\n```\nThat is all.\n")
     s = splice(moe, ans)
     assert s.blocks == ("tuning",) and "kLoadBatch = 8;" in s.code
     assert markers.frozen_hash(s.code) == markers.frozen_hash(moe) and s.code.count("\n") == moe.count("\n")
