@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import cuco_kit
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
@@ -59,7 +60,14 @@ class BuildCheckEvaluator:
         return EvalResult("L1", "pass", reason="built (not run)", badge="unmeasured")
 
 
-def run_case(case: dict, tmp: Path, cache: Path) -> dict:
+def matches(outcome: str, expected: str) -> bool:
+    """Whether a case's outcome is its documented one ("rejected: <reason part>" matches on the reason)."""
+    if expected.startswith("rejected"):
+        return outcome.startswith("rejected") and expected.split(":", 1)[-1].strip() in outcome
+    return outcome == expected
+
+
+def run_case(case: dict, tmp: Path, evaluator: Any) -> dict:
     texts = [(CORPUS / f).read_text(encoding="utf-8") for f in case["answers"]]
     cut = set(case.get("truncated", []))
     script = [(truncated if i in cut else answer)(f"{case['name']}-{i + 1}", t) for i, t in enumerate(texts)]
@@ -71,8 +79,7 @@ def run_case(case: dict, tmp: Path, cache: Path) -> dict:
         s.mix = {case["kind"]: 1.0}
     with FakeOpenAIServer(script) as srv:
         source = LLMSource(OpenAICompatibleClient(srv.config()))
-        engine = SearchEngine(ROOT / "sample_kernels" / "moe_dispatch_combine", store,
-                              BuildCheckEvaluator(cache), [source], cfg)
+        engine = SearchEngine(ROOT / "sample_kernels" / "moe_dispatch_combine", store, evaluator, [source], cfg)
         engine.run()
         served = len(srv.chat_requests())
     rid = engine.run_id
@@ -86,21 +93,26 @@ def run_case(case: dict, tmp: Path, cache: Path) -> dict:
         outcome = "evaluated" if len(calls) == 1 else "repaired then evaluated"
     else:
         why = [r.get("reason", "") for _, r in results if r]
-        why += [d["note"] for d in store.proposals(rid) for d in [d] if d.get("status") == "rejected" and d.get("note")]
+        why += [d["note"] for d in store.proposals(rid) if d["status"] == "rejected" and d["note"]]
         why += list(getattr(source, "errors", []))
         why += [c["error"] for c in calls if c["error"]]
         outcome = "rejected: " + ("; ".join(w for w in why if w)[:300] or "no proposal")
     store.close()
     return {"name": case["name"], "kind": case["kind"], "shape": case["shape"], "expected": case["expected"],
-            "outcome": outcome, "evaluable": bool(passed), "answers_served": served, "ledger": rows}
+            "outcome": outcome, "as_documented": matches(outcome, case["expected"]), "evaluable": bool(passed),
+            "answers_served": served, "ledger": rows}
 
 
 def _git_rev() -> str:
+    """HEAD's short hash, with "+changes" when cuco_kit differs from it."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "cuco_kit"], cwd=ROOT, capture_output=True,
+                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return rev + ("+changes" if dirty else "")
 
 
 def write_table(data: dict) -> str:
@@ -138,7 +150,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for case in cases:
-            r = run_case(case, tmp, tmp / "builds")
+            r = run_case(case, tmp, BuildCheckEvaluator(tmp / "builds"))
             print(f"{r['name']:<24} {r['outcome'][:110]}", flush=True)
             out.append(r)
     n = sum(r["evaluable"] for r in out)
