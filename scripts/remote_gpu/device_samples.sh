@@ -4,7 +4,7 @@
 #   CALL_S=570 OUT=results/ scripts/remote_gpu/device_samples.sh STEP [STEP ...]
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
-#   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
+#   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier llm_search
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -50,6 +50,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     gpu_tier)        echo "$PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$3/gpu.xml tests/gpu" ;;
+    llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;
     *)               return 1 ;;
   esac
 }
