@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ from cuco_kit.search.executor import Executor, PoolExecutor, error_result
 from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.human import HumanEdit, HumanSource
 from cuco_kit.search.meta import MetaSummarizer
-from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict
+from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict, openai_embedder
 from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
@@ -131,6 +131,9 @@ class SearchEngine:
         self.badge: Badge = getattr(evaluator, "badge", "real")
         self._requested_run_id = run_id
         self._resume = resume
+        spec = self.config.models.novelty
+        if embed is None and self.config.novelty.use_embeddings and spec is not None:
+            embed = openai_embedder(replace(spec.llm_config(), embedding_model=spec.name))  # the novelty role's model
         self.novelty = NoveltyFilter(self.config.novelty, embed)
         self.run_id: int | None = None
         self.population = Population()

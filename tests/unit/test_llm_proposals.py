@@ -196,3 +196,37 @@ def test_scripted_client_needs_no_server_and_labels_fixtures() -> None:
     assert exc.value.completion.text == "half" and exc.value.completion.fixture
     done = c.complete([{"role": "user", "content": "Continue it"}], purpose="t")
     assert done.text == " done" and done.model == "fixture-rest" and done.dollars and done.dollars > 0
+
+
+def test_search_flags_give_models_and_a_ten_dollar_run_budget(tmp_path: Path) -> None:
+    from cuco_kit.cli import build_parser
+    from cuco_kit.commands.model_options import models_from_args
+    from cuco_kit.errors import BadInput
+
+    f = tmp_path / "models.json"
+    f.write_text('{"mutation": [{"name": "r1", "send_temperature": false, "reasoning_effort": "low", '
+                 '"price": [1, 4]}], "meta": "m2"}')
+    args = build_parser().parse_args(["search", "wl", "--db", "x.db", "--models", str(f), "--mutation-model", "r2"])
+    assert args.llm_budget == 10.0
+    models = models_from_args(args)
+    assert [m.name for m in models.mutation] == ["r1", "r2"] and models.mutation[0].price == (1.0, 4.0)
+    assert models.for_role("meta").name == "m2" and models.for_role("judge").name == "r1"
+    cfg = models.mutation[0].llm_config(LLMConfig(api_key="k"))
+    assert not cfg.send_temperature and cfg.reasoning_effort == "low" and cfg.prices == {"r1": (1.0, 4.0)}
+    f.write_text('{"mutation": [{"name": "r1", "reasoning_effort": "huge"}]}')
+    with pytest.raises(BadInput, match="reasoning_effort"):
+        models_from_args(args)
+
+
+def test_per_model_settings_reach_the_request() -> None:
+    from cuco_kit.llm.openai_client import OpenAICompatibleClient
+
+    with FakeOpenAIServer([answer("a", "ok", times=0)]) as srv:
+        spec = ModelSpec("reasoner", base_url=srv.base_url, send_temperature=False, reasoning_effort="high")
+        OpenAICompatibleClient(spec.llm_config(LLMConfig(api_key="k", max_retries=0))).complete(
+            [{"role": "user", "content": "hi"}], purpose="t", temperature=0.7, max_tokens=100)
+        OpenAICompatibleClient(LLMConfig(base_url=srv.base_url, api_key="k", model="plain")).complete(
+            [{"role": "user", "content": "hi"}], purpose="t", temperature=0.7, max_tokens=100)
+        first, second = (r.body for r in srv.chat_requests())
+    assert "temperature" not in first and first["reasoning_effort"] == "high" and first["model"] == "reasoner"
+    assert second["temperature"] == 0.7 and "reasoning_effort" not in second
