@@ -25,10 +25,9 @@ def device_api_kind(code: str) -> str:
 
 def api_excerpt(code: str) -> str:
     """The NCCL device-API declarations for the program's backend, or one line saying why there are none."""
-    # nccl_api imports tree-sitter at module level: imported only when a prompt needs the excerpt
-    from cuco_kit.prompts.nccl_api import device_api_excerpts  # noqa: PLC0415
+    try:  # nccl_api imports tree-sitter at module level (absent on the GPU image): only when a prompt needs it
+        from cuco_kit.prompts.nccl_api import device_api_excerpts  # noqa: PLC0415
 
-    try:
         return device_api_excerpts(device_api_kind(code))
     except (CucoError, ImportError) as exc:
         return f"(the NCCL device API excerpt is unavailable here: {exc})"

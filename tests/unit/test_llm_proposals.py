@@ -230,3 +230,13 @@ def test_per_model_settings_reach_the_request() -> None:
         first, second = (r.body for r in srv.chat_requests())
     assert "temperature" not in first and first["reasoning_effort"] == "high" and first["model"] == "reasoner"
     assert second["temperature"] == 0.7 and "reasoning_effort" not in second
+
+
+def test_prompt_context_without_tree_sitter_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from cuco_kit.search import conditioning
+
+    monkeypatch.setitem(sys.modules, "cuco_kit.prompts.nccl_api", None)  # as on the GPU image: no tree-sitter
+    assert conditioning.api_excerpt(BASELINE).startswith("(the NCCL device API excerpt is unavailable here")
+    assert conditioning.device_api_kind("ncclGin_SignalInc") == "gin" and conditioning.device_api_kind("") == "lsa"
