@@ -63,18 +63,58 @@ def _line_of(code: str, offset: int) -> int:
     return code.count("\n", 0, offset) + 1
 
 
+def _squash(line: str) -> str:
+    """A line with every run of whitespace made one space and the ends stripped."""
+    return " ".join(line.split())
+
+
+def relaxed_match(code: str, search: str) -> tuple[int, int] | None:
+    """(start, end) offsets of the whole lines of ``code`` that equal ``search`` line by line when whitespace is
+    ignored (indentation, tabs, trailing spaces, runs of spaces); None unless exactly one such place exists."""
+    want = [_squash(line) for line in search.split("\n")]
+    while want and not want[-1]:
+        want.pop()
+    if not any(want):
+        return None
+    lines = code.split("\n")
+    squashed = [_squash(line) for line in lines]
+    hits = [i for i in range(len(lines) - len(want) + 1) if squashed[i:i + len(want)] == want]
+    if len(hits) != 1:
+        return None
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line) + 1)
+    i = hits[0]
+    return offsets[i], offsets[i + len(want)] - 1
+
+
+def nearest_lines(code: str, search: str, context: int = 2) -> str:
+    """The lines of ``code`` closest to ``search`` (difflib over windows of as many lines), numbered, with
+    ``context`` lines around: what a retry prompt shows so the model can copy the exact text."""
+    lines = code.split("\n")
+    n = max(1, len(search.strip("\n").split("\n")))
+    want = "\n".join(_squash(x) for x in search.split("\n"))
+    best, at = -1.0, 0
+    for i in range(max(1, len(lines) - n + 1)):
+        got = "\n".join(_squash(x) for x in lines[i:i + n])
+        r = difflib.SequenceMatcher(a=want, b=got, autojunk=False).ratio()
+        if r > best:
+            best, at = r, i
+    lo, hi = max(0, at - context), min(len(lines), at + n + context)
+    return "\n".join(f"{k + 1:5d}| {lines[k]}" for k in range(lo, hi))
+
+
 def _whitespace_hint(code: str, search: str) -> str:
-    """Say where the SEARCH text would match if indentation and trailing spaces were ignored."""
-    want = [line.strip() for line in search.split("\n")]
-    lines = [line.strip() for line in code.split("\n")]
-    for i in range(len(lines) - len(want) + 1):
-        if lines[i:i + len(want)] == want:
-            return f"; it matches line {i + 1} if whitespace is ignored: copy the lines exactly"
-    return ""
+    """Say where the SEARCH text would match if whitespace were ignored."""
+    hit = relaxed_match(code, search)
+    if hit is None:
+        return ""
+    return f"; it matches line {_line_of(code, hit[0])} if whitespace is ignored: copy the lines exactly"
 
 
-def apply_edits(code: str, edits: list[Edit]) -> str:
-    """Apply edits in order. Raises PatchError naming the first edit (1-based) that fails and why."""
+def apply_edits(code: str, edits: list[Edit], *, relaxed: bool = False) -> str:
+    """Apply edits in order. Raises PatchError naming the first edit (1-based) that fails and why. With
+    ``relaxed``, a SEARCH text found nowhere exactly is matched once more ignoring whitespace (whole lines)."""
     for n, edit in enumerate(edits, 1):
         first = edit.search.strip().split("\n")[0][:60] if edit.search.strip() else ""
         if not edit.search.strip():
@@ -82,6 +122,9 @@ def apply_edits(code: str, edits: list[Edit]) -> str:
         if markers.START_MARKER in edit.replace or markers.END_MARKER in edit.replace:
             raise PatchError(f"edit {n}: the REPLACE text contains an EVOLVE marker; markers are frozen")
         hits = _occurrences(code, edit.search)
+        span = relaxed_match(code, edit.search) if relaxed and not hits else None
+        if span is not None:
+            hits, edit = [span[0]], Edit(code[span[0]:span[1]], edit.replace)
         if not hits:
             raise PatchError(f"edit {n}: SEARCH text not found (first line {first!r})"
                              f"{_whitespace_hint(code, edit.search)}")
@@ -105,6 +148,54 @@ def apply_edits(code: str, edits: list[Edit]) -> str:
             end += 1
         code = code[:start] + replace + code[end:]
     return code
+
+
+def fenced_bodies(text: str) -> list[str]:
+    """The bodies of every fenced block labelled cuda/cu/cpp/c, or unlabelled, in order."""
+    return [m.group("body") for m in _FENCE_RE.finditer(text) if m.group("lang").lower() in _CODE_LANGS
+            or not m.group("lang")]
+
+
+def _is_marker(line: str) -> bool:
+    return markers.START_MARKER in line or markers.END_MARKER in line
+
+
+_HUNK_RE = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@.*$", re.MULTILINE)
+
+
+def edits_from_unified_diff(text: str) -> list[Edit]:
+    """SEARCH/REPLACE edits equivalent to the hunks of a unified diff in ``text`` (context and removed lines
+    are the SEARCH text, context and added lines the REPLACE); empty when the text has no hunk."""
+    out: list[Edit] = []
+    heads = list(_HUNK_RE.finditer(text))
+    for k, h in enumerate(heads):
+        body = text[h.end() + 1: heads[k + 1].start() if k + 1 < len(heads) else len(text)]
+        old: list[str] = []
+        new: list[str] = []
+        for line in body.split("\n"):
+            if line.startswith("```") or line.startswith("--- ") or line.startswith("+++ "):
+                break
+            tag, rest = line[:1], line[1:]
+            if tag in (" ", ""):
+                old.append(rest)
+                new.append(rest)
+            elif tag == "-":
+                old.append(rest)
+            elif tag == "+":
+                new.append(rest)
+            elif tag != "\\":  # "\ No newline at end of file"
+                break
+        # Context that is blank or a marker line is trimmed from both ends: markers are frozen, and a SEARCH
+        # text that quotes one would lie outside the block it edits.
+        while old and new and old[-1] == new[-1] and (not old[-1].strip() or _is_marker(old[-1])):
+            old.pop()
+            new.pop()
+        while old and new and old[0] == new[0] and (not old[0].strip() or _is_marker(old[0])):
+            old.pop(0)
+            new.pop(0)
+        if any(x.strip() for x in old):
+            out.append(Edit("\n".join(old), "\n".join(new)))
+    return out
 
 
 def extract_code_block(text: str) -> str | None:

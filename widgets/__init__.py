@@ -8,8 +8,10 @@ from .diff_review import DiffReview, side_by_side_html
 from .eval_cell import EvalCell
 from .notebook import Banner, banner, review_attempts
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
+from .reasoning import ReasoningPanel
 from .slots import SlotPanel
 from .views import AnalysisView, LedgerView, TimelineView
 
 __all__ = ["AnalysisView", "Banner", "DesignSpaceMap", "DiffReview", "EvalCell", "LatencyPlot", "LedgerView",
-           "LineageTree", "RunDashboard", "SlotPanel", "TimelineView", "banner", "review_attempts", "side_by_side_html"]
+           "LineageTree", "ReasoningPanel", "RunDashboard", "SlotPanel", "TimelineView", "banner", "review_attempts",
+           "side_by_side_html"]

@@ -17,6 +17,7 @@ from cuco_kit.report import ratio_text
 from ._common import Throttle, esc
 from .diff_review import DiffReview, side_by_side_html
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
+from .reasoning import ReasoningPanel
 from .slots import SlotPanel
 from .views import LedgerView
 
@@ -41,10 +42,12 @@ class RunDashboard(W.VBox):
         self.cells = DesignSpaceMap(self.store, self.run_id)
         self.ledger = LedgerView(self.store, self.run_id)
         self.slots = SlotPanel(engine.events)
+        self.reasoning = ReasoningPanel(self.store, self.run_id, getattr(engine, "population", None))
         self.detail = W.HTML()
         self.lineage.on_select(self.show_program)
-        tabs = W.Tab([W.VBox([self.lineage, self.detail]), self.latency, self.cells, self.ledger, self.slots])
-        for i, t in enumerate(["lineage", "latency", "design space", "LLM ledger", "slots"]):
+        tabs = W.Tab([W.VBox([self.lineage, self.detail]), self.latency, self.cells, self.ledger, self.reasoning,
+                      self.slots])
+        for i, t in enumerate(["lineage", "latency", "design space", "LLM ledger", "reasoning", "slots"]):
             tabs.set_title(i, t)
         self.tabs = tabs
         self._refresh = Throttle(self._render, interval)
@@ -92,7 +95,7 @@ class RunDashboard(W.VBox):
             self.state.value = (f"state: <b>{esc(state)}</b> | pending: {len(live)} | "
                                 + (f"best: {best['median_ms']:.3f} ms (#{best['program_id']})"
                                    if best and best.get("median_ms") is not None else "best: -"))
-            for view in (self.lineage, self.latency, self.cells, self.ledger, self.slots):
+            for view in (self.lineage, self.latency, self.cells, self.ledger, self.reasoning, self.slots):
                 view.refresh()
 
     def close(self) -> None:

@@ -8,6 +8,8 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
+from cuco_kit.search.model_stats import model_roles
+from cuco_kit.search.population import Population
 from cuco_kit.store import Store
 
 from ._common import badge_html, esc
@@ -88,14 +90,26 @@ class TimelineView(W.VBox):
 
 
 class LedgerView(W.VBox):
-    """LLM calls, tokens and dollars of a run (or of the whole store)."""
+    """LLM calls, tokens and dollars of a run (or of the whole store), and per model and role: answers, retries,
+    costs and, for mutation, programs and win rate."""
 
     def __init__(self, store: Store, run_id: int | None = None) -> None:
         self.store, self.run_id = store, run_id
         self.summary = W.HTML()
+        self.models = W.HTML()
         self.table = W.HTML()
-        super().__init__([self.summary, self.table])
+        super().__init__([self.summary, self.models, self.table])
         self.refresh()
+
+    def model_frame(self) -> pd.DataFrame:
+        """One row per (model, role) of the run (model_stats.model_roles)."""
+        if self.run_id is None:
+            progs, fit = [], {}
+        else:
+            pop = Population.from_store(self.store, self.run_id)
+            progs, fit = pop.all(), {p.id: p.fitness for p in pop.all()}
+        rows = model_roles(self.store.llm_calls(self.run_id), progs, fit)
+        return pd.DataFrame([r.to_dict() for r in rows])
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.store.llm_calls(self.run_id))
@@ -104,7 +118,7 @@ class LedgerView(W.VBox):
         df = self.frame()
         if df.empty:
             self.summary.value = "<i>no LLM calls</i>"
-            self.table.value = ""
+            self.models.value = self.table.value = ""
             return
         dollars = self.store.llm_dollars(self.run_id)
         unknown = int(df["dollars"].isna().sum()) if "dollars" in df else 0
@@ -113,6 +127,9 @@ class LedgerView(W.VBox):
             f"{int(df['completion_tokens'].sum())} completion tokens, <b>${dollars:.4f}</b>"
             + (f" ({unknown} calls at unknown price: tokens only)" if unknown else "")
             + f", {int((~df['ok'].astype(bool)).sum())} failed")
+        self.models.value = _table(self.model_frame().to_dict("records"), [
+            "model", "role", "calls", "answers", "retries", "dollars", "unpriced_tokens", "programs", "wins",
+            "win_rate"])
         cols = [c for c in ["id", "model", "purpose", "prompt_tokens", "completion_tokens", "latency_s",
                             "dollars", "ok", "error"] if c in df.columns]
         self.table.value = df[cols].tail(200).to_html(index=False, escape=True, na_rep="-")

@@ -18,29 +18,33 @@ from urllib.parse import urlparse
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.llm import Completion, LedgerEntry, LLMClient, LLMConfig, LLMRequestRejected, LLMUnavailable
 from cuco_kit.llm.ledger import DEFAULT_TOKEN_BUDGET, Ledger, LLMCallSink
+from cuco_kit.search.budget import DEFAULT_LLM_DOLLARS
 from cuco_kit.terminal import one_line
 
 LLM_HINT = ("point cuco at an OpenAI-compatible server: export OPENAI_BASE_URL=http://localhost:8000/v1 (vLLM; "
             "Ollama: http://localhost:11434/v1, LM Studio: http://localhost:1234/v1) and OPENAI_API_KEY (any value "
             "for a local server), and name the model with CUCO_MODEL")
-DEFAULT_BUDGET_DOLLARS = 5.0
+DEFAULT_BUDGET_DOLLARS = DEFAULT_LLM_DOLLARS
 MAX_RETRIES = 20
 MAX_TIMEOUT_S = 3600.0
 PROBE_TIMEOUT_S = 10.0  # the reachability check waits at most this long (or --llm-timeout, when shorter)
 BREAKER_FAILURES = 3  # consecutive unanswered calls after which a search stops asking the LLM
 
 
-def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
+def add_llm_arguments(parser: argparse.ArgumentParser, scope: str = "database") -> None:
+    """The LLM flags; ``scope`` says what the budgets count ("run": this run in every session; "database": every
+    call in --db)."""
+    counts = ("what this run spent in earlier sessions counts" if scope == "run"
+              else "what earlier runs in --db spent counts")
     g = parser.add_argument_group("LLM")
     g.add_argument("--llm-timeout", type=float, default=LLMConfig.timeout_s, metavar="SECONDS",
                    help=f"seconds to wait for one answer (default {LLMConfig.timeout_s:g})")
     g.add_argument("--llm-retries", type=int, default=LLMConfig.max_retries, metavar="N",
                    help=f"retries of a call that timed out or failed (default {LLMConfig.max_retries})")
     g.add_argument("--llm-budget", type=float, default=DEFAULT_BUDGET_DOLLARS, metavar="DOLLARS",
-                   help="LLM dollar budget, per database: what earlier runs in --db spent counts "
-                        f"(default {DEFAULT_BUDGET_DOLLARS:g})")
+                   help=f"LLM dollar budget, per {scope}: {counts} (default {DEFAULT_BUDGET_DOLLARS:g})")
     g.add_argument("--llm-token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, metavar="TOKENS",
-                   help="tokens that calls to a model of unknown price may use, per database (such a model is "
+                   help=f"tokens that calls to a model of unknown price may use, per {scope} (such a model is "
                         f"never counted as free; default {DEFAULT_TOKEN_BUDGET})")
 
 

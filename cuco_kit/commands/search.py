@@ -2,7 +2,8 @@
 
 On a terminal, a progress bar on stderr counts generations, evaluations and the best speed-up so far. Every flag,
 the workload, its baseline and seed, the evaluator and (with an LLM mutator) the LLM server are checked before the
-search starts: bad input is one line and exit code 2. The LLM dollar budget is per database (--llm-budget); a
+search starts: bad input is one line and exit code 2. The LLM dollar budget is per run (--llm-budget, default
+$10; a resumed run counts what it spent before) and the run stops cleanly when it is spent; a
 search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying so. Names and
 reasons from the LLM and the candidates are printed cleaned of control characters.
 """
@@ -27,13 +28,13 @@ from cuco_kit.commands.llm_options import (
     PROBE_TIMEOUT_S,
     LLMBreaker,
     add_llm_arguments,
-    check_budget_left,
     check_llm_arguments,
     check_llm_reachable,
     llm_config,
     llm_failure,
     unanswered,
 )
+from cuco_kit.commands.model_options import add_model_arguments, models_from_args
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.spec import EvaluatorSpec
@@ -44,6 +45,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
+from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
@@ -65,7 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
-    add_llm_arguments(parser)
+    add_llm_arguments(parser, scope="run")
+    add_model_arguments(parser)
     add_executor_arguments(parser)
 
 
@@ -106,12 +109,23 @@ def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, workload_name:
     return EvaluatorSpec("gpu")
 
 
-def _sources(mutator: str, breaker: LLMBreaker | None) -> list[ProposalSource]:
+def _sources(mutator: str, llm: LLMConfig | None, models: ModelsConfig,
+             breakers: list[LLMBreaker]) -> list[ProposalSource]:
+    """The proposal sources; every LLM client is wrapped in a breaker (appended to ``breakers``)."""
     out: list[ProposalSource] = []
     if mutator in ("offline", "mixed"):
         out.append(DesignSpaceSource())
-    if breaker is not None:
-        out.append(LLMSource(breaker))
+    if llm is None:
+        return out
+    if not models.mutation:
+        breakers.append(LLMBreaker(OpenAICompatibleClient(llm)))
+        out.append(LLMSource(breakers[-1]))
+        return out
+    source = LLMSource.from_models(models, llm)
+    for name, client in list(source.clients.items()):
+        breakers.append(LLMBreaker(client))
+        source.clients[name] = breakers[-1]
+    out.append(source)
     return out
 
 
@@ -168,16 +182,11 @@ def run(args: argparse.Namespace) -> int:
     db = Path(args.db)
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
+    models = models_from_args(args)
     store = Store(db)
-    if llm is not None:
-        try:
-            check_budget_left(store, llm.model or "", args, db)
-        except BadInput:
-            store.close()
-            raise
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
-                                              llm_tokens=args.llm_token_budget))
+                                              llm_tokens=args.llm_token_budget), models=models)
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}
@@ -185,15 +194,15 @@ def run(args: argparse.Namespace) -> int:
     events = EventBus()
     events.subscribe(_printer(args.json))
     events.subscribe(slot_printer(sys.stderr if args.json else sys.stdout))
-    breaker = LLMBreaker(OpenAICompatibleClient(llm)) if llm is not None else None
+    breakers: list[LLMBreaker] = []
     try:
         executor = make_executor(args, spec, str(workload_dir))
     except BadInput:
         store.close()
         raise
-    engine = SearchEngine(workload_dir, store, executor or spec.make(), _sources(args.mutator, breaker), config,
-                          events, executor=executor)
-    if breaker is not None:
+    engine = SearchEngine(workload_dir, store, executor or spec.make(), _sources(args.mutator, llm, models, breakers),
+                          config, events, executor=executor)
+    for breaker in breakers:
         breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,
                disable=args.json or not sys.stderr.isatty())
@@ -207,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
         store.close()
     if llm is not None and engine.ledger is not None:
-        failed = _llm_failed(engine, breaker, llm.base_url or "")
+        failed = _llm_failed(engine, next((b for b in breakers if b.tripped), None), llm.base_url or "")
         if failed is not None:
             print(f"cuco search: {failed}", file=sys.stderr)
             return 1

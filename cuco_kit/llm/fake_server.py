@@ -114,6 +114,18 @@ def unauthorized(name: str, *, match: str | None = None, times: int = 1) -> Scri
     return Scripted(name, "unauthorized", match=match, times=times)
 
 
+def pick(script: list[Scripted], last_user: str) -> Scripted | None:
+    """The entry that answers a request whose last user message is ``last_user`` (counted as used): the first
+    live entry whose ``match`` it contains, else the first live entry without one; None when none is left."""
+    live = [e for e in script if not e.exhausted]
+    entry = next((e for e in live if e.match is not None and e.match in last_user), None)
+    if entry is None:
+        entry = next((e for e in live if e.match is None), None)
+    if entry is not None:
+        entry.used += 1
+    return entry
+
+
 @dataclass(frozen=True)
 class RecordedRequest:
     method: str
@@ -124,7 +136,7 @@ class RecordedRequest:
     at: float
 
 
-def _content_text(content: Any) -> str:
+def content_text(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
@@ -222,7 +234,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(400, "fake server: streaming is not supported", "invalid_request_error")
             return
         messages = body["messages"]
-        last_user = next((_content_text(m.get("content")) for m in reversed(messages)
+        last_user = next((content_text(m.get("content")) for m in reversed(messages)
                           if isinstance(m, dict) and m.get("role") == "user"), "")
         entry = fake._pick(last_user)
         fake._record(self, body, entry.name if entry else None)
@@ -258,7 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if e.kind == "delay" and fake._stopping.wait(e.delay_s):
             return  # stopping: drop the connection instead of holding stop() for the whole delay
-        prompt = sum(approx_tokens(_content_text(m.get("content"))) for m in messages if isinstance(m, dict))
+        prompt = sum(approx_tokens(content_text(m.get("content"))) for m in messages if isinstance(m, dict))
         completion = approx_tokens(e.text)
         with fake._lock:
             fake._counter += 1
@@ -396,13 +408,7 @@ class FakeOpenAIServer:
 
     def _pick(self, last_user: str) -> Scripted | None:
         with self._lock:
-            live = [e for e in self.script if not e.exhausted]
-            entry = next((e for e in live if e.match is not None and e.match in last_user), None)
-            if entry is None:
-                entry = next((e for e in live if e.match is None), None)
-            if entry is not None:
-                entry.used += 1
-            return entry
+            return pick(self.script, last_user)
 
     def _record(self, handler: BaseHTTPRequestHandler, body: Any, answered_with: str | None) -> None:
         rec = RecordedRequest(method=handler.command, path=handler.path, headers=dict(handler.headers.items()),

@@ -19,10 +19,11 @@ A model with no known price is never counted as free: its calls count TOKENS (pr
 such a call without a cap is sent as it is (a local server's context may be smaller than any cap we would pick)
 and reserved as if it had `DEFAULT_MAX_TOKENS`.
 
-With a store, the budget is per DATABASE: what every earlier run and command spent in that store counts, so a
-resumed run, a second `cuco fastpath` on the same database or another run in the same file does not get a
-fresh budget. Every client that shares one `Ledger` (the search's mutators and evaluation-side helpers alike)
-draws from the same budget.
+With a store, the budget is per DATABASE by default: what every earlier run and command spent in that store
+counts, so a second `cuco fastpath` on the same database does not get a fresh budget. With `per_run=True` (the
+search) it is per RUN: what this run spent, in every session of it, counts, so a resumed run does not get a fresh
+budget either, and another run in the same file has its own. Every client that shares one `Ledger` (the
+search's mutators and evaluation-side helpers alike) draws from the same budget.
 
 Errors are redacted (redact.py) before they are kept or stored: whatever client raised them, no configured key
 and nothing shaped like a credential reaches the store's error column.
@@ -53,7 +54,7 @@ log = logging.getLogger("cuco_kit.llm")
 # The completion cap sent with a call that names none (and whose client configures none).
 DEFAULT_MAX_TOKENS = 16384
 # Tokens that calls to models of unknown price may use when a dollar budget is set and no token budget is given:
-# about what the default $5 buys at a mid-range model's price.
+# about what $5 buys at a mid-range model's price.
 DEFAULT_TOKEN_BUDGET = 1_000_000
 # Tokens a chat template adds per message (role markers) and per request, on top of the content.
 _TOKENS_PER_MESSAGE = 8
@@ -104,13 +105,14 @@ def prompt_tokens_bound(messages: list[dict]) -> int:
                                      for m in messages)
 
 
-def _store_totals(store: Any) -> tuple[float, int]:
-    """(dollars, tokens of unpriced calls) the store holds over its whole database; (0, 0) without a store."""
+def _store_totals(store: Any, run_id: int | None = None) -> tuple[float, int]:
+    """(dollars, tokens of unpriced calls) the store holds over its whole database, or for one run when
+    `run_id` is given; (0, 0) without a store."""
     calls = getattr(store, "llm_calls", None)
     if calls is None:
         return 0.0, 0
     dollars, tokens = 0.0, 0
-    for row in calls():
+    for row in (calls() if run_id is None else calls(run_id)):
         if row["dollars"] is None:
             tokens += int(row["prompt_tokens"] or 0) + int(row["completion_tokens"] or 0)
         else:
@@ -124,13 +126,14 @@ class Ledger:
     `budget_dollars`: hard dollar budget (None: none). `budget_tokens`: tokens that calls to models of unknown
     price may use (None: `DEFAULT_TOKEN_BUDGET` when a dollar budget is set, else no limit).
     `already_spent` / `already_spent_tokens`: dollars and unpriced tokens spent before this ledger existed; by
-    default what the store holds over its whole database (0 without a store).
+    default what the store holds over its whole database, or over run `run_id` with `per_run` (0 without a
+    store).
     """
 
     def __init__(self, store: LLMCallSink | None = None, run_id: int | None = None,
                  budget_dollars: float | None = None, *, budget_tokens: int | None = None,
                  prices: _prices.PriceTable | None = None, already_spent: float | None = None,
-                 already_spent_tokens: int | None = None) -> None:
+                 already_spent_tokens: int | None = None, per_run: bool = False) -> None:
         if budget_dollars is not None and not (budget_dollars >= 0 and math.isfinite(budget_dollars)):
             raise ValueError(f"budget_dollars must be a finite number >= 0 or None, got {budget_dollars}")
         if budget_tokens is not None and budget_tokens < 0:
@@ -143,7 +146,7 @@ class Ledger:
         self.prices = prices
         if already_spent is None or already_spent_tokens is None:
             # The budget is per database: a resumed run, or another command on the same file, draws from it too.
-            db_dollars, db_tokens = _store_totals(store)
+            db_dollars, db_tokens = _store_totals(store, run_id if per_run else None)
             already_spent = db_dollars if already_spent is None else already_spent
             already_spent_tokens = db_tokens if already_spent_tokens is None else already_spent_tokens
         self._spent = float(already_spent)

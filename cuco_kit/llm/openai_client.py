@@ -71,6 +71,12 @@ class LLMConfig:
     max_tokens: int | None = None
     # OpenAI's reasoning models want "max_completion_tokens"; most local servers know "max_tokens".
     max_tokens_param: str = "max_tokens"
+    # OpenAI's reasoning models refuse a temperature: False leaves it out of every request.
+    send_temperature: bool = True
+    # Sent as "reasoning_effort" ("low", "medium", "high") when set; None sends nothing.
+    reasoning_effort: str | None = None
+    # The model's context window in tokens, when known: callers size answers to fit next to the prompt.
+    context_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.base_url is None:
@@ -214,8 +220,10 @@ class OpenAICompatibleClient:
         _check_messages(messages)
         kwargs: dict[str, Any] = {}
         temp = temperature if temperature is not None else self.config.temperature
-        if temp is not None:
+        if temp is not None and self.config.send_temperature:
             kwargs["temperature"] = temp
+        if self.config.reasoning_effort:
+            kwargs["reasoning_effort"] = self.config.reasoning_effort
         limit = max_tokens if max_tokens is not None else self.config.max_tokens
         if limit is not None:
             kwargs[self.config.max_tokens_param] = limit

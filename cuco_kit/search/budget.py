@@ -1,9 +1,11 @@
 """Budgets: generations, wall time, evaluations and LLM dollars (evaluation-side calls included).
 
-Dollars are read from the store's LLM ledger for the run, so every client that records into the same store and
+Dollars are per RUN (default DEFAULT_LLM_DOLLARS, the paper's bound per workload), read from the store's LLM
+ledger for the run, so every client that records into the same store and
 run (the search's mutators and any evaluation-side helper) counts; the ledger itself reserves each call's worst
 case before sending it and refuses what does not fit, counting everything spent in the database
-(cuco_kit/llm/ledger.py). Wall time adds up over resumed sessions (the engine stores what earlier sessions used).
+(cuco_kit/llm/ledger.py, per run). Wall time adds up over resumed sessions (the engine stores what earlier
+sessions used).
 """
 from __future__ import annotations
 
@@ -14,12 +16,15 @@ from dataclasses import dataclass
 from cuco_kit.errors import BadInput
 from cuco_kit.store import Store
 
+# The paper's bound per workload: every run has a dollar budget unless it is set to None on purpose.
+DEFAULT_LLM_DOLLARS = 10.0
+
 
 @dataclass
 class BudgetConfig:
     generations: int = 10
     wall_s: float | None = None  # None: no limit
-    llm_dollars: float | None = None
+    llm_dollars: float | None = DEFAULT_LLM_DOLLARS  # per run, every session of it; None: no dollar limit
     llm_tokens: int | None = None  # tokens of LLM calls at unknown price (None: the ledger's default)
     # Evaluations started by the search, seed and baseline included; one a kill interrupted does not count (its
     # re-run does), so a resumed run stops where an uninterrupted one would.

@@ -10,6 +10,7 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.design_space import DesignSpaceConfig
 from cuco_kit.search.islands import IslandConfig
 from cuco_kit.search.meta import MetaConfig
+from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.novelty import NoveltyConfig
 from cuco_kit.search.phases import PhaseConfig
 from cuco_kit.search.selection import SelectionConfig
@@ -37,6 +38,7 @@ class SearchConfig:
     novelty: NoveltyConfig = field(default_factory=NoveltyConfig)
     meta: MetaConfig = field(default_factory=MetaConfig)
     design_space: DesignSpaceConfig = field(default_factory=DesignSpaceConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)  # per-role models (empty: the one client given)
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "symm"):
@@ -59,6 +61,8 @@ class SearchConfig:
         for k, t in sub.items():
             if isinstance(d.get(k), dict):
                 d[k] = t(**d[k])
+        if isinstance(d.get("models"), dict):
+            d["models"] = ModelsConfig.from_dict(d["models"])
         if isinstance(d.get("phases"), dict):
             d["phases"] = PhaseConfig.from_dict(d["phases"])
         known = set(cls.__dataclass_fields__)

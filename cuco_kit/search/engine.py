@@ -39,7 +39,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
 from cuco_kit.search import islands as islands_mod
+from cuco_kit.search import repair
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
 from cuco_kit.search.config import SearchConfig
@@ -56,7 +57,7 @@ from cuco_kit.search.executor import Executor, PoolExecutor, error_result
 from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.human import HumanEdit, HumanSource
 from cuco_kit.search.meta import MetaSummarizer
-from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict
+from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict, openai_embedder
 from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
@@ -130,6 +131,9 @@ class SearchEngine:
         self.badge: Badge = getattr(evaluator, "badge", "real")
         self._requested_run_id = run_id
         self._resume = resume
+        spec = self.config.models.novelty
+        if embed is None and self.config.novelty.use_embeddings and spec is not None:
+            embed = openai_embedder(replace(spec.llm_config(), embedding_model=spec.name))  # the novelty role's model
         self.novelty = NoveltyFilter(self.config.novelty, embed)
         self.run_id: int | None = None
         self.population = Population()
@@ -155,6 +159,7 @@ class SearchEngine:
         self._ready: list[int] = []  # program ids approved and stored, waiting for evaluation
         self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
         self._best: float | None = None
+        self._build_failed: list[ProgramView] = []  # LLM programs of this round that did not compile
         self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
 
     @property
@@ -267,8 +272,9 @@ class SearchEngine:
             self._owner = True
         self.run_id = self._find_or_create_run()
         self._load_state()
-        # The ledger's budget is per database: what earlier runs in this store spent counts too.
-        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars, budget_tokens=cfg.budget.llm_tokens)
+        # The ledger's budget is per run: what earlier sessions of this run spent counts too.
+        self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars, budget_tokens=cfg.budget.llm_tokens,
+                             prices=cfg.models.prices() or None, per_run=True)
         for s in self.sources:
             bind = getattr(s, "bind", None)
             if callable(bind):
@@ -276,7 +282,8 @@ class SearchEngine:
         bind_ledger = getattr(self.evaluator, "bind_ledger", None)  # optional: not part of the Evaluator protocol
         if callable(bind_ledger):
             bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
-        llm = next((getattr(s, "client", None) for s in self.sources if getattr(s, "client", None)), None)
+        llm = next((getattr(s, "meta_client", None) or getattr(s, "client", None) for s in self.sources
+                    if getattr(s, "client", None)), None)
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
                                    world_size=cfg.world_size)
         self.budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
@@ -315,7 +322,9 @@ class SearchEngine:
         self._migrations = list(st.get("migrations", []))
         self._meta_summary = str(st.get("meta_summary", ""))
         self._wall_before = float(st.get("wall_s", 0.0))
-        self._llm_out = bool(st.get("llm_exhausted", False))
+        # Spent under the budget this session has: still spent; a raised budget lets the LLM propose again.
+        budget = [self.config.budget.llm_dollars, self.config.budget.llm_tokens]
+        self._llm_out = bool(st.get("llm_exhausted", False)) and st.get("llm_budget", budget) == budget
         if st.get("phase"):
             self.phase = PhaseController(self.config.phases, PhaseState(**st["phase"]))
         self.population = Population.from_store(self.store, rid, self._migrations)
@@ -507,7 +516,31 @@ class SearchEngine:
         self._admit(proposals, generation, round_generation=generation)
         self._drain_gate()
         self._evaluate_ready()
+        self._repair_builds(generation, rng)
         self._end_round(generation)
+
+    def _repair_builds(self, generation: int, rng: random.Random) -> None:
+        """LLM candidates of this round that did not compile go back to their source once, with the compiler's
+        errors (LLMSource.repair_build); the repairs are admitted and evaluated in the same round."""
+        failed, self._build_failed = self._build_failed, []
+        batch: list[tuple[Proposal, int]] = []
+        for p in failed:
+            source = next((s for s in self.sources if callable(getattr(s, "repair_build", None))), None)
+            parent = self.population.get(p.parent_id)
+            if source is None or parent is None or self._llm_out:
+                continue
+            slot = _Slot(0, p.island, "diff", parent, self.population.get(p.second_parent_id))
+            try:
+                got = source.repair_build(self._context(generation, slot, rng), p)
+            except LLMBudgetExceeded as exc:
+                self._llm_out = True
+                self._log(f"LLM budget spent: {exc}", "warning")
+                break
+            batch.extend((prop, p.island) for prop in got)
+        if batch:
+            self._admit(batch, generation, round_generation=generation)
+            self._drain_gate()
+            self._evaluate_ready()
 
     def _second_parent(self, parent: ProgramView, island: int, rng: random.Random) -> ProgramView | None:
         pool = [p for p in self.population.top(self.config.selection.crossover_pool)
@@ -699,6 +732,8 @@ class SearchEngine:
                 if q.result is not None and q.id != p.id:
                     self.population.set_result(q.id, q.result, q.evaluation_id)
         self.archive.update(p, self.population)
+        if p.source in ("llm_diff", "llm_full", "llm_crossover") and repair.is_build_failure(d):
+            self._build_failed.append(p)
         self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
                    verdict=result.verdict, median_ms=result.median_ms if result.passed else None,
                    speedup=result.speedup if result.passed else None, badge=result.badge, reason=result.reason,
@@ -741,7 +776,9 @@ class SearchEngine:
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
             "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,
-            "llm_exhausted": self._llm_out, "archive": self.archive.cells()})
+            "llm_exhausted": self._llm_out,
+            "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
+            "archive": self.archive.cells()})
 
     # ------------------------------------------------------------------------------------------- summary
     def summary(self) -> SearchSummary:

@@ -1,8 +1,11 @@
 """The novelty filter: reject a proposal that is a near-copy of a recent program of the same design cell.
 
 Offline it compares normalised token n-grams (comments dropped, whitespace ignored, numeric literals kept:
-they are often the point of a change) with Jaccard similarity. Optionally, embeddings from an
-OpenAI-compatible endpoint (cuco_kit.llm.embeddings) replace the n-grams with cosine similarity.
+they are often the point of a change) with Jaccard similarity. On a large file a targeted edit leaves the ratio
+near 1 however real it is, so a proposal with at least ``min_new_ngrams`` n-grams its peer lacks is novel too:
+only changes to comments and whitespace (no new n-gram) or a token or two are near-duplicates there.
+Optionally, embeddings from an OpenAI-compatible endpoint (cuco_kit.llm.embeddings) replace the n-grams with
+cosine similarity.
 
 Design-space and human proposals are exempt by default: a knob move differs from its parent by design in one
 token (exact repeats are caught by the code hash instead), and a person's edit is never second-guessed.
@@ -53,7 +56,8 @@ def cosine(u: Sequence[float], v: Sequence[float]) -> float:
 @dataclass
 class NoveltyConfig:
     enabled: bool = True
-    threshold: float = 0.97  # similarity at or above this is a near-duplicate
+    threshold: float = 0.97  # similarity at or above this is a near-duplicate ...
+    min_new_ngrams: int = 2  # ... unless the proposal has at least this many n-grams the peer lacks (0: off)
     n: int = 4  # n-gram length
     recent: int = 30  # compare with the last this many programs of the same cell
     exempt_sources: list[str] = field(default_factory=lambda: ["design_space", "human"])
@@ -103,12 +107,14 @@ class NoveltyFilter:
             except Exception as exc:  # noqa: BLE001 - the endpoint is optional; n-grams always work
                 log.warning("novelty: embeddings failed (%s); using token n-grams", exc)
         mine = ngrams(code, cfg.n)
-        best_sim, best_id = -1.0, None
+        best_sim, best_id, dup = -1.0, None, False
         for p in peers:
-            sim = jaccard(mine, self._grams_of(p.id, p.code))
-            if sim > best_sim:
-                best_sim, best_id = sim, p.id
-        return NoveltyVerdict(best_sim < cfg.threshold, best_sim, best_id, "ngram")
+            theirs = self._grams_of(p.id, p.code)
+            sim = jaccard(mine, theirs)
+            near = sim >= cfg.threshold and (cfg.min_new_ngrams <= 0 or len(mine - theirs) < cfg.min_new_ngrams)
+            if (near and not dup) or (near == dup and sim > best_sim):
+                best_sim, best_id, dup = sim, p.id, near
+        return NoveltyVerdict(not dup, best_sim, best_id, "ngram")
 
     def _check_embeddings(self, embed: Callable[[list[str]], list[list[float]]], code: str,
                           peers: list[ProgramView]) -> NoveltyVerdict:

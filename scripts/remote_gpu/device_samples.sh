@@ -5,7 +5,7 @@
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
 #   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
-#   timing_races
+#   timing_races llm_search
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -53,6 +53,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
     gpu_tier)        echo "$PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$3/gpu.xml tests/gpu" ;;
+    llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;
     *)               return 1 ;;
   esac
 }

@@ -1,5 +1,5 @@
 """Fault injection on the LLM side, over real HTTP: spend limits that hold (a reservation before every call,
-concurrent calls included, a budget per database, unknown prices never free), and a dead LLM that is reported
+concurrent calls included, a budget per database or per run, unknown prices never free), and a dead LLM that is reported
 as one line instead of looking like success (nothing listening, a server that never answers, a server that
 fails every call). The fake server reports usage as it pleases; prices come from the table."""
 from __future__ import annotations
@@ -187,20 +187,29 @@ def test_cuco_search_with_an_llm_mutator_has_a_dollar_budget(tmp_path: Path, mon
     assert sent < 5 * 4  # the budget, not the generations, ended the LLM's part
 
 
-def test_a_database_that_spent_its_budget_refuses_to_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           llm_env: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_search_budget_is_the_runs_and_a_spent_run_stops_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                     llm_env: None,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     wl = write_synthetic_workload(tmp_path / "wl")
     db = tmp_path / "s.db"
-    with Store(db) as st:
+    with Store(db) as st:  # another command spent $2 in this database: not this run's money
         st.add_llm_call(run_id=None, model="gpt-4o", purpose="x", prompt_tokens=1, completion_tokens=1,
                         latency_s=0.0, dollars=2.0, ok=True)
+    argv = ["search", str(wl), "--mutator", "llm", "--db", str(db), "--evaluator", "simulated", "--llm-budget", "1.5",
+            "--generations", "1"]
     with FakeOpenAIServer([answer("a", "x", times=0)]) as srv:
         point_at(monkeypatch, srv.base_url, "gpt-4o")
-        rc = main(["search", str(wl), "--mutator", "llm", "--db", str(db), "--evaluator", "simulated",
-                   "--llm-budget", "1.5"])
-        assert srv.chat_requests() == []
-    assert rc == 2
-    assert "budget is spent" in one_error_line(capsys)
+        assert main(argv) == 0 and srv.chat_requests()
+    with Store(db) as st:  # now the run itself has spent more than its budget
+        rid = st.runs()[-1]["id"]
+        st.add_llm_call(run_id=rid, model="gpt-4o", purpose="x", prompt_tokens=1, completion_tokens=1,
+                        latency_s=0.0, dollars=2.0, ok=True)
+    capsys.readouterr()
+    with FakeOpenAIServer([answer("a", "x", times=0)]) as srv:
+        point_at(monkeypatch, srv.base_url, "gpt-4o")
+        assert main([*argv[:-1], "3"]) == 0
+        assert srv.chat_requests() == []  # resumed, not given a fresh budget
+    assert "LLM budget" in capsys.readouterr().out
 
 
 # ---- a dead LLM -----------------------------------------------------------------------------------------------

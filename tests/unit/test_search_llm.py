@@ -65,6 +65,8 @@ def test_llm_mutator_end_to_end_with_fake_server(tmp_path: Path) -> None:
         answer("full", FULL, match="rewrite the program", times=0),
         answer("crossover", CROSS, match="combine the strengths", times=0),
         answer("meta", META, match="summarise what the search", times=0),
+        # a diff whose SEARCH text the parent no longer has gets one retry; this fixture answers it with blocks
+        answer("repair", FULL, match="could not be applied", times=0),
     ]
     store = Store(tmp_path / "llm.db")
     with FakeOpenAIServer(script) as srv:

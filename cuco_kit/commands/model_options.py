@@ -1,0 +1,50 @@
+"""The model flags of `cuco search`: several mutation models (a UCB bandit picks one per proposal), per-role models
+and per-model settings from a JSON file.
+
+    --mutation-model gpt-5-mini --mutation-model gpt-4.1-mini      two mutation models, built-in prices
+    --models models.json                                           a ModelsConfig: every role and setting
+
+models.json holds {"mutation": [{"name": ..., "price": [in, out], "send_temperature": false,
+"reasoning_effort": "low", "context_tokens": 128000, "base_url": ...}, ...], "meta": {...}, "novelty": {...},
+"judge": {...}, "bandit_c": 0.5}; a model may also be given as its name alone. Not a command itself.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cuco_kit.errors import BadInput
+from cuco_kit.search.models import ModelsConfig, ModelSpec
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("models")
+    g.add_argument("--mutation-model", action="append", default=[], metavar="NAME",
+                   help="a mutation model (repeat for several: a UCB bandit on improvement per dollar picks one per "
+                        "proposal); default $CUCO_MODEL")
+    g.add_argument("--models", type=Path, default=None, metavar="FILE.json",
+                   help="per-role models and per-model settings (price, send_temperature, reasoning_effort, "
+                        "context_tokens, base_url); see docs/search.md")
+
+
+def models_from_args(args: argparse.Namespace) -> ModelsConfig:
+    """The ModelsConfig the flags give (empty: the one model of $CUCO_MODEL). BadInput for a bad file."""
+    models = ModelsConfig()
+    if args.models is not None:
+        try:
+            raw = json.loads(args.models.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise BadInput(f"--models {args.models}: cannot read it ({exc.strerror})") from None
+        except json.JSONDecodeError as exc:
+            raise BadInput(f"--models {args.models}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(raw, dict):
+            raise BadInput(f"--models {args.models}: must hold a JSON object with a 'mutation' list")
+        try:
+            models = ModelsConfig.from_dict(raw)
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"--models {args.models}: {exc}") from None
+    if args.mutation_model:
+        known = {m.name for m in models.mutation}
+        models.mutation += [ModelSpec(n) for n in args.mutation_model if n not in known]
+    return models
