@@ -31,6 +31,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
+from cuco_kit.search.start_point import StartPoint
 from cuco_kit.store import ProgramRow, Store
 from cuco_kit.workload import load_workload
 
@@ -236,11 +237,13 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
                generations: int = 10, proposals_per_generation: int = 4, world_size: int = 2,
                backend: str = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
                llm: LLMClient | None = None,
-               config: SearchConfig | dict[str, Any] | None = None) -> tuple[SearchEngine, Store]:
+               config: SearchConfig | dict[str, Any] | None = None,
+               start: StartPoint | None = None) -> tuple[SearchEngine, Store]:
     """A SearchEngine wired for a notebook, not started: the offline design-space source (plus the LLM
     sources when `llm`, an LLM client, is given), an event bus for the widgets and a store at `db`.
     `config` (a SearchConfig or its dict, e.g. a recorded run's) overrides the keyword settings except the gate
-    and the budget. Returns (engine, store)."""
+    and the budget. `start` (search/start_point.py) starts from a fast-path result instead of the baseline.
+    Returns (engine, store)."""
     if config is None:
         cfg = SearchConfig(world_size=world_size, backend=backend, params=dict(params or {}), iters=iters,
                            seed=seed, proposals_per_generation=proposals_per_generation)
@@ -252,7 +255,7 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
     if llm is not None:
         sources.append(LLMSource(llm))
     store = Store(db)
-    engine = SearchEngine(workload_dir, store, evaluator, sources, cfg, EventBus())
+    engine = SearchEngine(workload_dir, store, evaluator, sources, cfg, EventBus(), start=start)
     return engine, store
 
 

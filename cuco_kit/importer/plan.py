@@ -14,13 +14,16 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.cuda_parse import Node, is_device_function, node_text, parse, walk
 from cuco_kit.errors import BadInput
-from cuco_kit.source_file import read_source
 from cuco_kit.importer.size_expr import WORLD, Untranslatable, element_count, evaluate, translate
+from cuco_kit.source_file import read_source
 from cuco_kit.workload import DTYPES
+
+if TYPE_CHECKING:
+    from cuco_kit.analysis import AnalysisReport
 
 PLAN_VERSION = 1
 ROLES = ("input", "output", "inout", "scratch")
@@ -259,7 +262,7 @@ def _declarations(main: Node) -> dict[str, tuple[Node, Node]]:
         if n.type != "declaration":
             continue
         for d in n.children_by_field_name("declarator"):
-            inner = d
+            inner: Node | None = d
             while inner is not None and inner.type not in ("identifier",):
                 inner = inner.child_by_field_name("declarator")
             if inner is not None:
@@ -362,6 +365,8 @@ def _roles(rep: AnalysisReport, names: set[str], start: int, end: int) -> dict[s
 def make_plan(code: str, filename: str = "program.cu", name: str | None = None) -> ImportPlan:
     """The deterministic plan of a host-driven program. BadInput (one line) for a program cuco init cannot
     import: no NCCL calls, no main(), communication outside main(), or a communicator it cannot trace."""
+    from cuco_kit.analysis import analyze
+
     rep = analyze(code, filename)
     comm_calls = rep.collectives + rep.p2p
     if not comm_calls:

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.analysis import analyze
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import build, for_workload
 from cuco_kit.importer.check import WorkloadCheck, check_workload, reference_problems
@@ -108,6 +107,8 @@ class ImportSession:
         for f in ("cuco_setup", "cuco_step", "cuco_teardown"):
             if not re.search(rf"\b{f}\s*\(", code):
                 problems.append(f"{f} is not defined")
+        from cuco_kit.analysis import analyze
+
         try:
             rep = analyze(code, SEED_FILE)
             calls = {c.call for c in rep.collectives + rep.p2p}

@@ -69,10 +69,10 @@ def _tr(n: Node, names: dict[str, str]) -> str:
             raise Untranslatable(f"{node_text(n)!r}")
         return _tr(value, names)
     if t == "sizeof_expression":
-        inner = node_text(n)[len("sizeof"):].strip().strip("()").strip()
-        if inner in SIZEOF:
-            return str(SIZEOF[inner])
-        raise Untranslatable(f"sizeof({inner}) of a type cuco init does not know")
+        type_name = node_text(n)[len("sizeof"):].strip().strip("()").strip()
+        if type_name in SIZEOF:
+            return str(SIZEOF[type_name])
+        raise Untranslatable(f"sizeof({type_name}) of a type cuco init does not know")
     if t == "binary_expression":
         left, right = n.child_by_field_name("left"), n.child_by_field_name("right")
         op = n.child_by_field_name("operator")
@@ -113,8 +113,8 @@ def evaluate(expr: str, params: dict[str, int], world: int) -> int:
         if isinstance(n, ast.Name) and n.id == "w":
             return int(world)
         if isinstance(n, ast.Subscript) and isinstance(n.value, ast.Name) and n.value.id == "p" and \
-                isinstance(n.slice, ast.Constant) and n.slice.value in params:
-            return int(params[n.slice.value])
+                isinstance(n.slice, ast.Constant) and str(n.slice.value) in params:
+            return int(params[str(n.slice.value)])
         if isinstance(n, ast.BinOp) and type(n.op) in _AST_OPS:
             return int(_AST_OPS[type(n.op)](ev(n.left), ev(n.right)))
         raise Untranslatable(f"{ast.unparse(n)!r} in {expr!r}")

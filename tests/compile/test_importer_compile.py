@@ -21,8 +21,8 @@ def cuco(*args: str | Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-@pytest.mark.parametrize("program, reference", [("allreduce_norm.cu", "own_norm_reference.py"),
-                                                ("ring_attention.cu", "own_ring_reference.py")])
+@pytest.mark.parametrize("program, reference", [("allreduce_norm.cu", "own_norm_reference.txt"),
+                                                ("ring_attention.cu", "own_ring_reference.txt")])
 def test_init_to_a_folder_that_checks(tmp_path, program, reference):
     d = tmp_path / "wl"
     made = cuco("init", OWN / program, "--workload", d)

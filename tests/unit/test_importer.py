@@ -82,7 +82,7 @@ def test_written_folder_has_todo_places_until_a_reference_is_approved(tmp_path):
     assert not first.ok
     assert any(f.status == "todo" for f in first.findings)
     assert any("NotImplementedError" in f.message for f in first.findings)
-    s.accept_reference(fixtures.load("own_norm_reference.py"))
+    s.accept_reference(fixtures.load("own_norm_reference.txt"))
     after = check_workload(d, compile_seed=False)
     assert after.ok, after.text()
     with pytest.raises(BadInput, match="already holds a workload.py"):
@@ -109,8 +109,9 @@ def test_llm_port_that_drops_a_buffer_is_refused_and_a_correct_one_accepted(tmp_
 
 def test_reference_drafts_run_on_the_cpu_before_approval(tmp_path):
     d = tmp_path / "wl"
-    raising = "def reference(inputs, params, world):\n    raise ValueError('boom')\n\n\nTOLERANCE = Tolerance(rel=1e-4)\n"
-    llm = Scripted(f"```python\n{raising}```", f"```python\n{fixtures.load('own_norm_reference.py')}```")
+    raising = ("def reference(inputs, params, world):\n    raise ValueError('boom')\n\n\n"
+               "TOLERANCE = Tolerance(rel=1e-4)\n")
+    llm = Scripted(f"```python\n{raising}```", f"```python\n{fixtures.load('own_norm_reference.txt')}```")
     s = ImportSession(OWN / "allreduce_norm.cu", d, llm=llm)
     s.write()
     draft = s.propose_reference()
@@ -120,7 +121,7 @@ def test_reference_drafts_run_on_the_cpu_before_approval(tmp_path):
     ok = s.propose_reference()
     assert ok.ok, ok.problems
     # the disagreeing fixture runs and has the right shapes: only L2 against the seed (GPU) can catch it
-    assert s.reference_problems(fixtures.load("own_norm_reference_wrong.py")) == []
+    assert s.reference_problems(fixtures.load("own_norm_reference_wrong.txt")) == []
 
 
 def test_inconsistent_plans_are_one_line_each():
