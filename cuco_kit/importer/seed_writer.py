@@ -17,6 +17,25 @@ from cuco_kit.importer.size_expr import WORLD
 
 TODO = "TODO(cuco init)"
 _MPI_INCLUDE = re.compile(r"^\s*#\s*include\s*[<\"]mpi\.h[>\"][^\n]*\n", re.MULTILINE)
+# A function-like macro, its continuation lines included.
+_MACRO = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)((?:[^\n]*\\\n)*[^\n]*)", re.MULTILINE)
+# What an error-check macro of a stand-alone program does that a candidate may not (L0's host-call allow-list).
+_PROCESS_CALLS = re.compile(r"\b(exit|abort|_exit|MPI_Abort|fprintf|printf|puts|perror)\s*\(")
+
+
+def error_macros_returning(text: str) -> str:
+    """Error-check macros that print and exit() (fine in a program, refused in a candidate) rewritten to return
+    the ABI's error code from the entry point instead."""
+    def sub(m: re.Match[str]) -> str:
+        name, params, body = m.group(1), m.group(2), m.group(3)
+        arg = params.split(",")[0].strip()
+        if not arg or not _PROCESS_CALLS.search(body):
+            return m.group(0)
+        code = "CUCO_ERR_NCCL" if "nccl" in (name + body).lower() else "CUCO_ERR_CUDA"
+        return (f"#define {name}({params}) do {{ if ((int)({arg}) != 0) return {code}; }} while (0)  "
+                "// cuco init: returns an error code (the program ended the process)")
+
+    return _MACRO.sub(sub, text)
 
 
 def _c_count(plan: ImportPlan, count: str) -> str:
@@ -76,7 +95,7 @@ def write_seed(plan: ImportPlan, code: str) -> str:
     loop = find_step_loop(code, plan)
     body = loop_body(loop)
     constants = file_constants(tree.root_node, code)
-    before = _MPI_INCLUDE.sub("", code[:main.start_byte]).rstrip() + "\n"
+    before = error_macros_returning(_MPI_INCLUDE.sub("", code[:main.start_byte])).rstrip() + "\n"
     after = code[main.end_byte:].strip()
     tensors, scratch = plan.tensors(), plan.scratch()
     runtime_sizes = [k for k in plan.sizes if k not in plan.fixed_sizes and not constants.get(k, (0, "", True))[2]]
