@@ -393,20 +393,21 @@ def fastpath_fixtures() -> list[Scripted]:
     return out
 
 
-def _llm_configured() -> bool:
+def llm_configured() -> bool:
     return bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))
 
 
 def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: str | None = None,
-              max_attempts: int | None = None) -> tuple[FastPath, Note]:
+              max_attempts: int | None = None, manual: bool = False) -> tuple[FastPath, Note]:
     """A FastPath over the workload's host-NCCL seed and a note saying which LLM answers. Smoke runs, and
     machines with no LLM configured ($OPENAI_API_KEY / $OPENAI_BASE_URL unset), get the fake server with the
-    recorded FIXTURE answers. L2 runs only with a real GPU evaluator; otherwise stages stop after L1 and say so."""
+    recorded FIXTURE answers. L2 runs only with a real GPU evaluator; otherwise stages stop after L1 and say so.
+    `manual`: every attempt waits for approve / reject(note) / edit (the notebook's FastPathStepper)."""
     wl = load_workload(workload_dir)
     seed_path = wl.directory / (seed_file or wl.seeds.get("nccl") or next(iter(wl.seeds.values())))
     store = Store(run_db("01_fast_path"))
     client: LLMClient
-    if smoke.enabled() or not _llm_configured():
+    if smoke.enabled() or not llm_configured():
         client, server = smoke.fake_llm_for_smoke(fastpath_fixtures(), max_retries=0)
         why = ("smoke run" if smoke.enabled()
                else "no LLM configured (set OPENAI_API_KEY, or OPENAI_BASE_URL for a local server)")
@@ -416,7 +417,8 @@ def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: s
         cfg = LLMConfig()
         client = OpenAICompatibleClient(cfg)
         note = Note(f"LLM: {cfg.model} at {cfg.base_url}", "info")
-    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled())
+    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled(),
+                         manual=manual)
     evaluator = choice.evaluator if choice.kind == "gpu" else None
     fp = FastPath(seed_path.read_text(encoding="utf-8"), wl.directory, client, evaluator, store, fpc,
                   seed_name=seed_path.name)
