@@ -28,7 +28,7 @@ SearchFactory = Callable[[], tuple[Any, Any]]  # () -> (SearchEngine, Store), no
 
 
 def _attempt_line(a: Attempt) -> str:
-    who = " FIXTURE" if a.fixture else ""
+    who = " FIXTURE" if a.fixture and a.source != "human" else ""
     note = f" - note: {esc(a.note)}" if a.verdict == "rejected" and a.note else ""
     return (f"<div>stage {esc(a.stage)}, attempt {a.number} ({esc(a.source)}{who}): <b>{esc(a.verdict)}</b> at "
             f"{esc(a.level or '-')}: {esc(a.reason)}{note}</div>")
@@ -48,7 +48,7 @@ class FastPathStepper(W.VBox):
         self._lock = threading.Lock()
         self._seen: set[tuple[str, int]] = set()
         self.status = W.HTML("<i>not started</i>")
-        self.note = W.Text(placeholder="why you reject it: this note goes into the next prompt",
+        self.note = W.Text(placeholder="why you reject this attempt: the note goes into the next prompt",
                            description="note", layout=W.Layout(width="100%"))
         self.history = W.VBox()
         self.current = W.VBox()

@@ -126,6 +126,8 @@ class DraftReview(W.VBox):
                 self._show(self.draft)
             return False
         self.accepted = True
+        if self.review is not None:
+            self.review.freeze("approved" if code == (self.draft.code if self.draft else None) else "edited")
         self.status.value = f"<span style='color:#2a7'>accepted: written to {esc(path.name)}</span>"
         return True
 
