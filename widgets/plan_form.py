@@ -121,9 +121,9 @@ class DraftReview(W.VBox):
         try:
             path = fn(code or "")
         except BadInput as exc:
-            self.status.value = f"<span style='color:#b33'>not accepted: {esc(one_line(exc))}</span>"
             if self.draft is not None:
-                self._show(self.draft)
+                self._show(self.draft)  # a fresh review of the same draft, to edit or reject
+            self.status.value = f"<span style='color:#b33'>not accepted: {esc(one_line(exc))}</span>"
             return False
         self.accepted = True
         if self.review is not None:

@@ -119,14 +119,14 @@ def write_seed(plan: ImportPlan, code: str) -> str:
         out.append(f"{indent}ncclComm_t {plan.comm} = (ncclComm_t)ctx->nccl_comm;")
         return out
 
-    state = ["struct CucoState {"]
-    state += [f"  {b.ctype}* {b.name} = nullptr;" for b in scratch]
-    state += [f"  cudaStream_t {s} = nullptr;" for s in plan.side_streams]
-    state += [f"  cudaEvent_t {e} = nullptr;" for e in plan.events]
+    # The seed's state: (C type, member, how teardown releases it).
+    members = [(f"{b.ctype}*", b.name, "cudaFree") for b in scratch]
+    members += [("cudaStream_t", s, "cudaStreamDestroy") for s in plan.side_streams]
+    members += [("cudaEvent_t", e, "cudaEventDestroy") for e in plan.events]
     if plan.side_streams:
-        state.append("  cudaEvent_t cuco_fork = nullptr;")
-        state += [f"  cudaEvent_t cuco_join_{s} = nullptr;" for s in plan.side_streams]
-    state.append("};")
+        members += [("cudaEvent_t", n, "cudaEventDestroy")
+                    for n in ["cuco_fork", *(f"cuco_join_{s}" for s in plan.side_streams)]]
+    state = ["struct CucoState {", *(f"  {t} {n} = nullptr;" for t, n, _ in members), "};"]
 
     setup = ["CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {", "  CUCO_CHECK_ABI(ctx);",
              "  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) return CUCO_ERR_BACKEND;"]
@@ -182,12 +182,7 @@ def write_seed(plan: ImportPlan, code: str) -> str:
 
     teardown = ["CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {", "  CucoState* st = (CucoState*)ctx->user;",
                 "  if (st == NULL) return CUCO_OK;"]
-    teardown += [f"  cudaFree(st->{b.name});" for b in scratch]
-    teardown += [f"  cudaStreamDestroy(st->{s});" for s in plan.side_streams]
-    teardown += [f"  cudaEventDestroy(st->{e});" for e in plan.events]
-    if plan.side_streams:
-        teardown.append("  cudaEventDestroy(st->cuco_fork);")
-        teardown += [f"  cudaEventDestroy(st->cuco_join_{s});" for s in plan.side_streams]
+    teardown += [f"  {release}(st->{n});" for _, n, release in members]
     teardown += ["  delete st;", "  ctx->user = NULL;", "  return CUCO_OK;", "}"]
 
     head = ["// cuco: backends=nccl", "/*",

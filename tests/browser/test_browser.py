@@ -128,6 +128,18 @@ def jupyterlab(tmp_path: Path):
         assert not left, f"processes left after JupyterLab shut down: {left}"
 
 
+def run_all(page, url: str) -> None:
+    """Open a notebook, wait for its kernel to be idle, then Run All."""
+    page.goto(url)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status "
+                           "=== 'idle'", timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
 def test_02_search_approve_in_browser_updates_lineage_and_latency(jupyterlab):
     from playwright.sync_api import sync_playwright
 
@@ -137,14 +149,7 @@ def test_02_search_approve_in_browser_updates_lineage_and_latency(jupyterlab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.goto(f"{base}/lab/tree/02_search.ipynb?token={token}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status "
-                                   "=== 'idle'", timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_all(page, f"{base}/lab/tree/02_search.ipynb?token={token}")
 
             approve = page.locator(".jp-OutputArea button", has_text="Approve").first
             approve.wait_for(state="visible", timeout=180_000)
@@ -201,14 +206,7 @@ def test_06_your_kernel_reject_edit_approve_then_search_from_the_result(jupyterl
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.goto(f"{base}/lab/tree/06_your_kernel.ipynb?token={token}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status "
-                                   "=== 'idle'", timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_all(page, f"{base}/lab/tree/06_your_kernel.ipynb?token={token}")
 
             def button(label: str):
                 exact = re.compile(f"^\\s*{label}\\s*$")
