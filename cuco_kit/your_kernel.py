@@ -3,8 +3,8 @@ then a search that starts from the approved result.
 
 Each function is one readable line in a cell and returns plain data plus `Note`s saying where answers and
 numbers come from. Smoke runs, and machines with no LLM configured, get the fake OpenAI-compatible server with
-FIXTURE answers written for the example program (the all-reduce + RMS norm test program, tests/data/own_kernel/),
-labelled as fixtures on screen.
+FIXTURE answers written for the example program (cuco_kit/importer/examples/allreduce_norm.cu: an all-reduce,
+then an RMS normalisation), labelled as fixtures on screen.
 """
 from __future__ import annotations
 
@@ -29,19 +29,18 @@ from cuco_kit.workbench import (
     Note,
     llm_configured,
     new_search,
-    repo_root,
     run_db,
     simulated_evaluator,
 )
 from cuco_kit.workload import load_workload
 
-EXAMPLE = "tests/data/own_kernel/allreduce_norm.cu"  # the example program (written for the tests)
+EXAMPLES = Path(__file__).resolve().parent / "importer" / "examples"  # programs written for the tests
 RESULT_FILE = "fastpath_result.cu"
 
 
 def example_program() -> Path:
     """The example host program the notebook imports: an all-reduce followed by an RMS normalisation."""
-    return repo_root() / EXAMPLE
+    return EXAMPLES / "allreduce_norm.cu"
 
 
 def workload_folder(name: str) -> Path:

@@ -1,4 +1,4 @@
-"""Both test programs (tests/data/own_kernel/) go from `cuco init` to a workload folder whose seed compiles with
+"""Both test programs (cuco_kit/importer/examples/) go from `cuco init` to a workload folder whose seed compiles with
 the REAL nvcc and whose reference (a labelled FIXTURE answer, approved) runs on the CPU: `cuco check-workload`
 passes."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from cuco_kit.importer.session import ImportSession
 from cuco_kit.llm import fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = ROOT / "tests" / "data" / "own_kernel"
+EXAMPLES = ROOT / "cuco_kit" / "importer" / "examples"  # the two test programs, shipped for the notebook
 
 
 def cuco(*args: str | Path) -> subprocess.CompletedProcess:
@@ -25,11 +25,11 @@ def cuco(*args: str | Path) -> subprocess.CompletedProcess:
                                                 ("ring_attention.cu", "own_ring_reference.txt")])
 def test_init_to_a_folder_that_checks(tmp_path, program, reference):
     d = tmp_path / "wl"
-    made = cuco("init", OWN / program, "--workload", d)
+    made = cuco("init", EXAMPLES / program, "--workload", d)
     assert made.returncode == 0, made.stderr
     before = cuco("check-workload", d)
     assert before.returncode == 1 and "compiles for nccl" in before.stdout, before.stdout
-    ImportSession(OWN / program, d).accept_reference(fixtures.load(reference))
+    ImportSession(EXAMPLES / program, d).accept_reference(fixtures.load(reference))
     after = cuco("check-workload", d)
     assert after.returncode == 0, after.stdout
     assert "reference on 2 rank(s): runs on the CPU" in after.stdout

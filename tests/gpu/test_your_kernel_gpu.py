@@ -1,4 +1,4 @@
-"""The user's road on a real GPU (H200), on the all-reduce + RMS norm test program (tests/data/own_kernel/):
+"""The user's road on a real GPU (H200), on the all-reduce + RMS norm test program (cuco_kit/importer/examples/):
 import -> the seed's L2 at 1 rank against a wrong and then the approved reference -> the fast path with scripted
 FIXTURE answers and a person's decisions (reject with a note, approve), Stage B's L2 at 1 and 2 ranks under
 `symm` -> a short search started from the result, with every step stored and the fast-path stages in its
@@ -24,7 +24,7 @@ from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAM = ROOT / "tests" / "data" / "own_kernel" / "allreduce_norm.cu"
+PROGRAM = ROOT / "cuco_kit" / "importer" / "examples" / "allreduce_norm.cu"
 
 pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU (nvidia-smi)")
 

@@ -1,4 +1,4 @@
-"""cuco init's importer on the two test programs (tests/data/own_kernel/, written for these tests): the plan, the
+"""cuco init's importer on the two test programs (cuco_kit/importer/examples/, written for these tests): the plan, the
 deterministic port, workload.py, the LLM port and reference checked against FIXTURE answers, and bad input."""
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from cuco_kit.importer.size_expr import Untranslatable, evaluate, translate
 from cuco_kit.llm import Completion, fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
-OWN = ROOT / "tests" / "data" / "own_kernel"
+OWN = ROOT / "tests" / "data" / "own_kernel"  # programs cuco init refuses
+EXAMPLES = ROOT / "cuco_kit" / "importer" / "examples"  # the two test programs, shipped for the notebook
 
 
 class Scripted:
@@ -43,17 +44,17 @@ def roles(plan: ImportPlan) -> dict[str, str]:
 
 
 def test_plan_of_the_allreduce_norm_program():
-    plan = make_plan((OWN / "allreduce_norm.cu").read_text(), "allreduce_norm.cu")
+    plan = make_plan((EXAMPLES / "allreduce_norm.cu").read_text(), "allreduce_norm.cu")
     assert roles(plan) == {"partial_sums": "input", "summed": "scratch", "gamma": "input", "normed": "output"}
     assert plan.sizes == {"kRows": 512, "kCols": 1024}  # kSteps only bounds the loop: not a size
     assert (plan.comm, plan.rank, plan.world, plan.main_stream) == ("comm", "rank", "nranks", "stream")
     assert plan.locals == ["n", "eps"] and plan.side_streams == []
     assert evaluate(plan.count_python(plan.buffers[0]), plan.sizes, 2) == 512 * 1024
-    assert check_plan(plan, (OWN / "allreduce_norm.cu").read_text()) == []
+    assert check_plan(plan, (EXAMPLES / "allreduce_norm.cu").read_text()) == []
 
 
 def test_plan_of_the_ring_program_keeps_send_recv_on_a_side_stream():
-    plan = make_plan((OWN / "ring_attention.cu").read_text(), "ring_attention.cu")
+    plan = make_plan((EXAMPLES / "ring_attention.cu").read_text(), "ring_attention.cu")
     assert [b.name for b in plan.tensors()] == ["q", "kv_local", "out"]
     assert roles(plan)["kv_remote"] == "scratch"  # received, then read by the kernel
     assert plan.main_stream == "compute" and plan.side_streams == ["comm_stream"]
@@ -61,7 +62,7 @@ def test_plan_of_the_ring_program_keeps_send_recv_on_a_side_stream():
 
 
 def test_deterministic_seed_binds_harness_names_and_keeps_the_step(tmp_path):
-    s = ImportSession(OWN / "ring_attention.cu", tmp_path / "wl")
+    s = ImportSession(EXAMPLES / "ring_attention.cu", tmp_path / "wl")
     seed = s.skeleton
     assert "#include <mpi.h>" not in seed and "int main(" not in seed
     assert 'float* kv_local = (float*)cuco_tensor(ctx, "kv_local")->local;' in seed
@@ -76,7 +77,7 @@ def test_deterministic_seed_binds_harness_names_and_keeps_the_step(tmp_path):
 
 def test_written_folder_has_todo_places_until_a_reference_is_approved(tmp_path):
     d = tmp_path / "wl"
-    s = ImportSession(OWN / "allreduce_norm.cu", d)
+    s = ImportSession(EXAMPLES / "allreduce_norm.cu", d)
     s.write()
     first = check_workload(d, compile_seed=False)
     assert not first.ok
@@ -93,7 +94,7 @@ def test_llm_port_that_drops_a_buffer_is_refused_and_a_correct_one_accepted(tmp_
     d = tmp_path / "wl"
     llm = Scripted(f"FIXTURE\n```cuda\n{fixtures.load('own_norm_port_drops_buffer.cu')}```",
                    f"FIXTURE\n```cuda\n{fixtures.load('own_norm_port.cu')}```")
-    s = ImportSession(OWN / "allreduce_norm.cu", d, llm=llm, builder=_ok_build)
+    s = ImportSession(EXAMPLES / "allreduce_norm.cu", d, llm=llm, builder=_ok_build)
     s.write()
     bad = s.propose_port()
     assert not bad.ok and bad.fixture
@@ -112,7 +113,7 @@ def test_reference_drafts_run_on_the_cpu_before_approval(tmp_path):
     raising = ("def reference(inputs, params, world):\n    raise ValueError('boom')\n\n\n"
                "TOLERANCE = Tolerance(rel=1e-4)\n")
     llm = Scripted(f"```python\n{raising}```", f"```python\n{fixtures.load('own_norm_reference.txt')}```")
-    s = ImportSession(OWN / "allreduce_norm.cu", d, llm=llm)
+    s = ImportSession(EXAMPLES / "allreduce_norm.cu", d, llm=llm)
     s.write()
     draft = s.propose_reference()
     assert draft.problems and "raised ValueError: boom" in draft.problems[0]
@@ -125,7 +126,7 @@ def test_reference_drafts_run_on_the_cpu_before_approval(tmp_path):
 
 
 def test_inconsistent_plans_are_one_line_each():
-    code = (OWN / "allreduce_norm.cu").read_text()
+    code = (EXAMPLES / "allreduce_norm.cu").read_text()
     plan = make_plan(code, "allreduce_norm.cu")
     d = json.loads(plan.to_json())
     d["buffers"][3]["role"] = "scratch"  # nothing left to verify

@@ -15,7 +15,7 @@ from cuco_kit.widgets.attempt_review import FastPathStepper
 from cuco_kit.widgets.plan_form import DraftReview, PlanForm
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAM = ROOT / "tests" / "data" / "own_kernel" / "allreduce_norm.cu"
+PROGRAM = ROOT / "cuco_kit" / "importer" / "examples" / "allreduce_norm.cu"
 
 
 class Keyed:
