@@ -161,3 +161,21 @@ def test_size_expressions_translate_only_arithmetic():
         translate("getenv(N)", names)
     with pytest.raises(Untranslatable):
         evaluate("__import__('os')", {}, 1)
+
+
+def test_plan_only_then_the_corrected_plan_is_used(tmp_path):
+    d = tmp_path / "wl"
+
+    def cuco(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "cuco_kit", *args], capture_output=True, text=True,
+                              timeout=60, cwd=ROOT)
+
+    first = cuco("init", str(EXAMPLES / "allreduce_norm.cu"), "--workload", str(d), "--plan-only")
+    assert first.returncode == 0 and "scratch  summed" in first.stdout
+    assert (d / "cuco_plan.json").is_file() and not (d / "workload.py").exists()
+    plan = json.loads((d / "cuco_plan.json").read_text())
+    plan["name"] = "my_norm"
+    (d / "cuco_plan.json").write_text(json.dumps(plan))
+    second = cuco("init", str(EXAMPLES / "allreduce_norm.cu"), "--workload", str(d))
+    assert second.returncode == 0 and "using the plan in" in second.stdout
+    assert "loads: my_norm" in check_workload(d, compile_seed=False).text()
