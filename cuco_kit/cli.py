@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "eval": "cuco_kit.commands.eval",
     "fastpath": "cuco_kit.commands.fastpath",
     "search": "cuco_kit.commands.search",
+    "init": "cuco_kit.commands.init",
+    "check-workload": "cuco_kit.commands.check_workload",
 }
 
 

@@ -32,6 +32,7 @@ from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.executor import Executor
 from cuco_kit.search.llm_source import LLMSource
+from cuco_kit.search.start_point import StartPoint
 from cuco_kit.store import ProgramRow, Store
 from cuco_kit.workload import load_workload
 
@@ -238,13 +239,14 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
                backend: str = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
                llm: LLMClient | None = None,
                config: SearchConfig | dict[str, Any] | None = None,
-               executor: Executor | None = None) -> tuple[SearchEngine, Store]:
+               executor: Executor | None = None, start: StartPoint | None = None) -> tuple[SearchEngine, Store]:
     """A SearchEngine wired for a notebook, not started: the offline design-space source (plus the LLM
     sources when `llm`, an LLM client, is given), an event bus for the widgets and a store at `db`.
     `config` (a SearchConfig or its dict, e.g. a recorded run's) overrides the keyword settings except the gate
     and the budget. `executor`: where evaluations run (cuco_kit.search.slots.local_executor for this host's GPU
     sets, cuco_kit.search.ray_executor.ray_executor for a Ray cluster; it is also the evaluator to pass then);
-    default one evaluator in this kernel. Returns (engine, store)."""
+    default one evaluator in this kernel. `start` (search/start_point.py) starts from a fast-path result instead of
+    the baseline. Returns (engine, store)."""
     if config is None:
         cfg = SearchConfig(world_size=world_size, backend=backend, params=dict(params or {}), iters=iters,
                            seed=seed, proposals_per_generation=proposals_per_generation)
@@ -256,7 +258,7 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
     if llm is not None:
         sources.append(LLMSource(llm))
     store = Store(db)
-    engine = SearchEngine(workload_dir, store, evaluator, sources, cfg, EventBus(), executor=executor)
+    engine = SearchEngine(workload_dir, store, evaluator, sources, cfg, EventBus(), executor=executor, start=start)
     return engine, store
 
 
@@ -394,20 +396,21 @@ def fastpath_fixtures() -> list[Scripted]:
     return out
 
 
-def _llm_configured() -> bool:
+def llm_configured() -> bool:
     return bool(os.environ.get("OPENAI_API_KEY") or os.environ.get("OPENAI_BASE_URL"))
 
 
 def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: str | None = None,
-              max_attempts: int | None = None) -> tuple[FastPath, Note]:
+              max_attempts: int | None = None, manual: bool = False) -> tuple[FastPath, Note]:
     """A FastPath over the workload's host-NCCL seed and a note saying which LLM answers. Smoke runs, and
     machines with no LLM configured ($OPENAI_API_KEY / $OPENAI_BASE_URL unset), get the fake server with the
-    recorded FIXTURE answers. L2 runs only with a real GPU evaluator; otherwise stages stop after L1 and say so."""
+    recorded FIXTURE answers. L2 runs only with a real GPU evaluator; otherwise stages stop after L1 and say so.
+    `manual`: every attempt waits for approve / reject(note) / edit (the notebook's FastPathStepper)."""
     wl = load_workload(workload_dir)
     seed_path = wl.directory / (seed_file or wl.seeds.get("nccl") or next(iter(wl.seeds.values())))
     store = Store(run_db("01_fast_path"))
     client: LLMClient
-    if smoke.enabled() or not _llm_configured():
+    if smoke.enabled() or not llm_configured():
         client, server = smoke.fake_llm_for_smoke(fastpath_fixtures(), max_retries=0)
         why = ("smoke run" if smoke.enabled()
                else "no LLM configured (set OPENAI_API_KEY, or OPENAI_BASE_URL for a local server)")
@@ -417,7 +420,8 @@ def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: s
         cfg = LLMConfig()
         client = OpenAICompatibleClient(cfg)
         note = Note(f"LLM: {cfg.model} at {cfg.base_url}", "info")
-    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled())
+    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled(),
+                         manual=manual)
     evaluator = choice.evaluator if choice.kind == "gpu" else None
     fp = FastPath(seed_path.read_text(encoding="utf-8"), wl.directory, client, evaluator, store, fpc,
                   seed_name=seed_path.name)

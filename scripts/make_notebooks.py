@@ -136,8 +136,10 @@ choice.close()
     md("""
 ## Next
 
-* `01_fast_path`: step through the host-to-device rewrite (analyze, Stage A, Stage B, annotate), reviewing each
-  LLM attempt as a side-by-side diff.
+* **`06_your_kernel`: bring your own host-driven CUDA + NCCL program**: import it as a workload, review the
+  port and the reference, step through the fast path approving each attempt, and search from its result.
+* `01_fast_path`: step through the host-to-device rewrite (analyze, Stage A, Stage B, annotate), deciding on
+  each LLM attempt as a side-by-side diff.
 * `02_search`: run a live search yourself and approve, edit or reject every proposal before it is evaluated.
 * `03_multi_gpu_eval`: evaluate one kernel on 1, 2 or 4 ranks, on both backends, across sizes.
 * `04_run_analysis`: dig into a finished run with pandas; `05_teaching`: why chunking and overlap pay off.
@@ -157,18 +159,21 @@ This notebook **shows** the fast path step by step on the GEMM + AllGather seed:
 3. **Stage B**: replace the host collectives with device-initiated NCCL (LSA) code;
 4. **annotate**: mark the mutable regions with EVOLVE blocks and the knob block for the search.
 
-Each step is an LLM rewrite -> build -> run -> judge loop; every attempt is shown as a side-by-side diff that
-you can approve, reject or edit. Under `CUCO_SMOKE=1` (CI) the LLM is a local fake server answering with
-recorded **fixture** answers, said so on screen; otherwise set `OPENAI_API_KEY` (and optionally
-`OPENAI_BASE_URL`, `CUCO_MODEL`) for a real model.
+Each step is an LLM rewrite -> build -> run -> judge loop, and **every attempt stops for your decision**,
+shown as a side-by-side diff against the stage's input: **Approve** checks and evaluates it as proposed,
+**Reject** drops it and sends the note you typed into the next prompt, **Edit** checks and evaluates your version
+instead. Under `CUCO_SMOKE=1` (CI) the LLM is a local fake server answering with recorded **fixture** answers,
+said so on screen, and with nobody to click the notebook approves each attempt itself; otherwise set
+`OPENAI_API_KEY` (and optionally `OPENAI_BASE_URL`, `CUCO_MODEL`) for a real model.
 """),
     code(SETUP + """
 from cuco_kit import markers
-from cuco_kit.widgets import AnalysisView, LedgerView, review_attempts
+from cuco_kit.widgets import AnalysisView, LedgerView
+from cuco_kit.widgets.attempt_review import FastPathStepper
 
 SAMPLE = wb.main_sample()
 choice = wb.pick_evaluator()
-fp, llm_note = wb.fast_path(SAMPLE, choice)
+fp, llm_note = wb.fast_path(SAMPLE, choice, manual=True)
 display(banner(choice.note), banner(llm_note))
 """),
     md("""
@@ -181,33 +186,25 @@ analysis = fp.analyze()
 AnalysisView(analysis)
 """),
     md("""
-## 2. Stage A: device-side infrastructure, host collectives kept
+## 2. The three stages, one attempt at a time
 
-The model adds the devComm and the scratch windows through the runtime helpers. Each attempt is built and
-judged; the review below shows the diff of every attempt against its input. Approve the one to keep (in a
-headless run the kit approves the judged-correct one).
+* **Stage A** adds the device-side infrastructure (devComm, scratch windows) while the host collectives stay;
+* **Stage B** replaces the host collective with LSA stores into the peers' windows;
+* **annotate** adds the EVOLVE blocks and the knob block, accepted only if removing the markers gives back the
+  code byte for byte (else a deterministic annotator does it).
+
+The stepper below runs in the background: each attempt appears as a diff with Approve / Reject / Edit. Type a
+note before Reject and it goes into the next prompt; an edit is checked (L0, L1, and L2 on a GPU) like any
+attempt. Decided attempts move up into the history with the harness's verdict.
 """),
     code("""
-stage_a = fp.stage_a()
-review_attempts(fp, stage_a)
-"""),
-    md("""
-## 3. Stage B: device-initiated communication
-
-The host collective becomes LSA stores into the peers' windows with flags the consumer waits on.
+stepper = FastPathStepper(fp).start()
+stepper
 """),
     code("""
-stage_b = fp.stage_b()
-review_attempts(fp, stage_b)
-"""),
-    md("""
-## 4. Annotate: EVOLVE blocks and the knob block
-
-Accepted only if removing the markers gives back the code byte for byte.
-"""),
-    code("""
-annotated = fp.annotate()
-review_attempts(fp, annotated)
+# Nobody clicks in a headless smoke run: approve every attempt (a person never needs this cell).
+if smoke.auto_approve():
+    stepper.approve_all()
 """),
     md("""
 ## What the LLM cost
@@ -216,17 +213,21 @@ Every call is in the ledger: tokens, dollars (fixture answers cost nothing) and 
 """),
     code("""
 display(LedgerView(fp.store, fp.run_id))
-print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
-      ", ".join(b.name for b in markers.blocks(fp.current_code)))
-smoke.cleanup()
-fp.store.close()
-choice.close()
+if stepper.done.is_set():
+    print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
+          ", ".join(b.name for b in markers.blocks(fp.current_code)))
+    smoke.cleanup()
+    fp.store.close()
+    choice.close()
+else:
+    print("the fast path is waiting for your decisions above; run this cell again when it has finished")
 """),
     md("""
 ## Next
 
-* Save the annotated kernel (`fp.current_code`) next to the sample and give it to the search in `02_search`.
-* Edit a rejected attempt in its review box: the edit becomes your own proposal.
+* Start a search from the annotated result: `06_your_kernel` shows how (`cuco search DIR --from RESULT.cu` on the
+  command line), with the fast-path stages as the lineage's first nodes.
+* Your own program instead of the sample: `06_your_kernel` imports it first.
 * `03_multi_gpu_eval` evaluates the result on several ranks and backends.
 """),
 ]
@@ -534,6 +535,142 @@ else:
 """),
 ]
 
+# ------------------------------------------------------------------------------------------------------------
+YOUR_KERNEL = [
+    md("""
+# Your own kernel: import, fast path with you in the loop, search
+
+This notebook **shows** the main road with a host-driven CUDA + NCCL program of your own (here: the example
+program, an all-reduce followed by an RMS normalisation; point `PROGRAM` at yours):
+
+1. **import**: the analysis proposes a plan (inputs, outputs, scratch buffers, sizes, the per-step loop) that
+   you correct before anything is written; then a workload folder with a seed in the candidate ABI;
+2. **port and reference**: the LLM's port is checked (every tensor used, every NCCL call kept, it compiles) and
+   shown as a diff against your program; its torch reference runs on the CPU and is shown too. The reference
+   defines correctness, so **nothing is accepted until you approve it**;
+3. **fast path**: the seed becomes device-initiated code, each attempt waiting for your decision;
+4. **search**: generation 0 is the fast path's approved result; its stages are the lineage's first nodes.
+
+Under `CUCO_SMOKE=1` (CI) the LLM is a local fake server answering with **FIXTURE** answers written for the
+example program, said so on screen. Without a GPU, L2 is not evaluated (said so) and the search's numbers are
+**SIMULATED**.
+"""),
+    code(SETUP + """
+from cuco_kit import your_kernel as yk
+from cuco_kit.widgets.attempt_review import FastPathStepper
+from cuco_kit.widgets.plan_form import DraftReview, PlanForm
+
+PROGRAM = yk.example_program()  # your program: PROGRAM = "path/to/program.cu"
+session, llm_note = yk.import_session(PROGRAM, yk.workload_folder("my_kernel"))
+choice = wb.pick_evaluator()
+display(banner(llm_note), banner(choice.note))
+"""),
+    md("""
+## 1. The plan
+
+What the analysis read from `main()`: each device buffer's role (an **input** the harness fills, an **output**
+it verifies, **scratch** the seed keeps to itself), the size constants that become workload parameters, and
+the loop that is one step. Correct the JSON and press **Apply**: an inconsistent plan is refused with one line
+per problem. (`cuco init PROGRAM.cu --workload DIR --plan-only` does the same on the command line.)
+"""),
+    code("""
+form = PlanForm(session)
+form
+"""),
+    md("""
+## 2. The workload folder
+
+The plan, your program, the deterministic port (`seed_nccl.cu`) and `workload.py`, whose reference is a marked
+TODO until you approve one. `cuco check-workload DIR` lists what is still missing.
+"""),
+    code("""
+session.write(overwrite=True)
+print(session.check(compile_seed=False).text())
+"""),
+    md("""
+## 3. The LLM's port
+
+Checked before you see it: every tensor of the plan looked up, every NCCL call of the step kept, it compiles.
+The first FIXTURE answer drops a buffer, so the checks refuse it; reject it with a note and the next answer
+comes back with that note in its prompt.
+"""),
+    code("""
+port = DraftReview(session, "port")
+port
+"""),
+    code("""
+if smoke.enabled():  # nobody reviews in CI: reject failing drafts with a note, approve the first that passes
+    port.auto("you dropped the gamma buffer: look every tensor of the plan up with cuco_tensor")
+"""),
+    md("""
+## 4. The torch reference
+
+It defines what "correct" means for every later candidate: read it as carefully as the kernel. The draft has
+already run on the CPU at the small size preset on 1 and 2 ranks.
+"""),
+    code("""
+reference = DraftReview(session, "reference")
+reference
+"""),
+    code("""
+if smoke.enabled():
+    reference.auto("compute in float64 and return one flat tensor per rank")
+"""),
+    md("""
+## 5. Is the folder ready?
+
+The reference runs on the CPU, its shapes agree with the specs, the tolerance is set, the seed compiles. On a
+GPU the seed must also pass L2 against the reference before the fast path starts.
+"""),
+    code("""
+print(session.check().text())
+gate, gate_note = yk.seed_l2(session, choice)
+banner(gate_note)
+"""),
+    md("""
+## 6. The fast path, with you in the loop
+
+Each attempt waits for you: **Approve**, **Reject** with a note (it goes into the next prompt) or **Edit**. When
+the last stage passes, the search starts from the approved result below the stepper.
+"""),
+    code("""
+fp, fp_note = yk.fast_path(session, choice)
+stepper = FastPathStepper(fp, search=yk.searcher(fp, yk.search_evaluator(choice), generations=2))
+display(banner(fp_note))
+stepper.start()
+stepper
+"""),
+    code("""
+# Nobody clicks in a headless smoke run: approve every attempt (a person never needs this cell).
+if smoke.auto_approve():
+    stepper.approve_all()
+"""),
+    md("""
+## 7. The search from the approved result
+
+Generation 0 is the fast path's result (its frozen bytes are every child's L0 parent; its knob block is the
+design space); the lineage shows the fast-path stages first, at negative generations.
+"""),
+    code("""
+if stepper.engine is not None and smoke.auto_approve():
+    print(wb.end_search(stepper.engine, close=[stepper.dashboard, stepper.search_store]))
+    smoke.cleanup()
+    fp.store.close()
+    choice.close()
+else:
+    print("the search starts when you approve the fast path's last stage above; press Stop on its dashboard "
+          "when you are done")
+"""),
+    md("""
+## Next
+
+* On the command line: `cuco init PROGRAM.cu --workload DIR`, `cuco check-workload DIR`,
+  `cuco fastpath DIR/seed_nccl.cu --workload DIR --manual --db run.db --out result.cu`, then
+  `cuco search DIR --from result.cu --db run.db --ranks 2 --backend symm`.
+* `04_run_analysis` reads the run's database with pandas.
+"""),
+]
+
 NOTEBOOKS = {
     "00_quickstart": QUICKSTART,
     "01_fast_path": FAST_PATH,
@@ -541,6 +678,7 @@ NOTEBOOKS = {
     "03_multi_gpu_eval": MULTI_GPU,
     "04_run_analysis": ANALYSIS,
     "05_teaching": TEACHING,
+    "06_your_kernel": YOUR_KERNEL,
 }
 
 

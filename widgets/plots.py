@@ -102,6 +102,15 @@ class LineageTree(_RunView):
                     ey += [y0, y1, None]
         self.fig.add_scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
                              showlegend=False, name="edges")
+        # A search started from a fast-path result draws the fast path's stages first (search/start_point.py).
+        stages = last[last["source"] == "fastpath"]
+        last = last[last["source"] != "fastpath"]
+        if not stages.empty:
+            self.fig.add_scatter(
+                x=[self.positions[int(p)][0] for p in stages["program_id"]],
+                y=[self.positions[int(p)][1] for p in stages["program_id"]], mode="markers",
+                marker=dict(size=11, color="#6a8caf", symbol="square"), customdata=stages["program_id"].tolist(),
+                hovertext=[_hover(r) for _, r in stages.iterrows()], hoverinfo="text", name="fast-path stage")
         ok = last[last["verdict"] == "pass"]
         bad = last[last["verdict"] != "pass"]
         if not ok.empty:

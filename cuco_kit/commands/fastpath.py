@@ -1,5 +1,5 @@
 """`cuco fastpath SEED --backend lsa|gin [--workload DIR] [--model M] [--max-attempts N] [--db PATH] [--out FILE]
-[--json] [--llm-timeout S] [--llm-retries N] [--llm-budget DOLLARS] [--llm-token-budget TOKENS]`: the
+[--json] [--manual] [--llm-timeout S] [--llm-retries N] [--llm-budget DOLLARS] [--llm-token-budget TOKENS]`: the
 host-to-device rewrite of a seed with an LLM (docs/fastpath.md).
 
 Exit code 0 when the run reached its goal (as far as this machine can check), 1 otherwise, 2 for bad input.
@@ -23,6 +23,7 @@ from cuco_kit.commands.llm_options import (
     check_llm_reachable,
     llm_config,
 )
+from cuco_kit.commands.manual_review import run_manual
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
@@ -45,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", help="SQLite database for proposals and the LLM ledger")
     parser.add_argument("--out", help="write the final candidate here")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--manual", action="store_true",
+                        help="stop at each attempt for a decision on the terminal: approve, reject NOTE, edit FILE")
     add_llm_arguments(parser)
 
 
@@ -95,10 +98,11 @@ def run(args: argparse.Namespace) -> int:
     if workload is not None and gpu:
         evaluator = GpuEvaluator()
     config = FastPathConfig(backend=args.backend, max_attempts=int(args.max_attempts), gpu=gpu,
-                            budget_dollars=args.llm_budget, budget_tokens=args.llm_token_budget)
+                            budget_dollars=args.llm_budget, budget_tokens=args.llm_token_budget,
+                            manual=bool(getattr(args, "manual", False)))
     try:
         fp = FastPath(seed, workload, client, evaluator, store, config, seed_name=Path(args.seed).name)
-        res = fp.run()
+        res = run_manual(fp, sys.stdin, sys.stderr) if config.manual else fp.run()
     finally:
         if evaluator is not None:
             evaluator.close()

@@ -47,6 +47,7 @@ from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
+from cuco_kit.search.start_point import start_from
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean, one_line
@@ -67,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--from", dest="from_result", metavar="RESULT.cu",
+                        help="start from a fast-path result (its frozen bytes are the L0 parent, its knob block the "
+                             "design space) instead of the workload's baseline")
     add_llm_arguments(parser, scope="run")
     add_model_arguments(parser)
     add_executor_arguments(parser)
@@ -84,6 +88,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def _check_workload(wl: Workload, args: argparse.Namespace) -> None:
     """The workload's sizes suit --ranks, and the files the search starts from are readable source text."""
     wl.check(None, args.ranks)
+    if getattr(args, "from_result", None):
+        return  # start_from() checks the result file
     if not wl.baseline:
         raise BadInput(f"workload {wl.name}: no baseline (the device-initiated program with the knob block) to start "
                        "the search from; set Workload.baseline")
@@ -184,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
     models = models_from_args(args)
     store = Store(db)
+    try:
+        start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
+    except BadInput:
+        store.close()
+        raise
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models)
@@ -201,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         store.close()
         raise
     engine = SearchEngine(workload_dir, store, executor or spec.make(), _sources(args.mutator, llm, models, breakers),
-                          config, events, executor=executor)
+                          config, events, executor=executor, start=start)
     for breaker in breakers:
         breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,

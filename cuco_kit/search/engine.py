@@ -59,9 +59,10 @@ from cuco_kit.search.human import HumanEdit, HumanSource
 from cuco_kit.search.meta import MetaSummarizer
 from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict, openai_embedder
 from cuco_kit.search.phases import PhaseController, PhaseState
-from cuco_kit.search.population import Population, ProgramView
+from cuco_kit.search.population import LINEAGE_TAG, Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
 from cuco_kit.search.selection import SelectionConfig, select_parent
+from cuco_kit.search.start_point import StartPoint, add_lineage
 from cuco_kit.store import Store, code_hash
 from cuco_kit.workload import load_workload
 
@@ -115,8 +116,9 @@ class SearchEngine:
                  sources: Sequence[ProposalSource], config: SearchConfig | None = None,
                  events: EventSink | None = None, *,
                  executor: Executor | None = None, run_id: int | None = None, resume: bool = True,
-                 embed: Any = None) -> None:
+                 embed: Any = None, start: StartPoint | None = None) -> None:
         self.workload_dir = str(workload_dir)
+        self.start_point = start  # a fast-path result to start from instead of the workload's baseline
         self.store = store
         self.evaluator = evaluator
         self.config = config or SearchConfig()
@@ -264,7 +266,7 @@ class SearchEngine:
             return
         cfg = self.config
         self.workload = load_workload(self.workload_dir)
-        if not self.workload.baseline:
+        if not self.workload.baseline and self.start_point is None:
             raise BadInput(f"workload {self.workload.name}: no baseline (the device-initiated program with the "
                            "knob block) to start the search from; set Workload.baseline")
         if not self._owner:
@@ -302,15 +304,18 @@ class SearchEngine:
         if self._requested_run_id is not None:
             self.store.run(self._requested_run_id)  # NotFound names it
             return self._requested_run_id
+        start_sha = self.start_point.sha if self.start_point is not None else None
         if self._resume:
             for run in reversed(self.store.runs()):
                 c = run["config"]
                 if run["workload"] == self.workload.name and c.get("backend") == cfg.backend \
-                        and c.get("world_size") == cfg.world_size and c.get("seed") == cfg.seed:
+                        and c.get("world_size") == cfg.world_size and c.get("seed") == cfg.seed \
+                        and c.get("start_from") == start_sha:
                     self._log(f"resuming run {run['id']} of {self.workload.name} from {self.store.path}")
                     return int(run["id"])
         return self.store.create_run(workload=self.workload.name,
-                                     config={**cfg.to_dict(), "workload_dir": self.workload_dir},
+                                     config={**cfg.to_dict(), "workload_dir": self.workload_dir,
+                                             "start_from": start_sha},
                                      seed=cfg.seed, badge=self.badge)
 
     def _load_state(self) -> None:
@@ -360,14 +365,23 @@ class SearchEngine:
         roots: list[tuple[str, str, str]] = []
         if seed_path is not None:
             roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))
-        assert wl.baseline is not None  # _setup refuses a workload without one
-        roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
+        baseline_parent = None
+        if self.start_point is not None:
+            roots.append(("baseline", self.start_point.name, self.start_point.code))
+            # The fast path's stages first (once: a kill may have come after them), the result's parent last.
+            stages = [p.id for p in self.population.all() if LINEAGE_TAG in p.tags]
+            baseline_parent = stages[-1] if stages else add_lineage(self.store, rid, self.start_point)
+        else:
+            assert wl.baseline is not None  # _setup refuses a workload without one
+            roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
         stored = {p.source for p in self.population.all()}
         for source, name, code in roots:
             if source in stored:
                 continue  # a kill came between storing the seed and the baseline
             knobs, cell = cell_of(code, cfg.backend, cfg.cell_features)
-            pid = self.store.add_program(run_id=rid, code=code, parent_id=None, source=source, name=name,
+            pid = self.store.add_program(run_id=rid, code=code,
+                                         parent_id=baseline_parent if source == "baseline" else None,
+                                         source=source, name=name,
                                          rationale=f"the workload's {name}", tags=[source], knobs=knobs, cell=cell,
                                          island=0, generation=0)
             self.population.add_row(self.store.program(pid))

@@ -14,6 +14,9 @@ from cuco_kit.search.proposal import FailureNote
 from cuco_kit.store import ProgramRow, Store
 
 ROOT_SOURCES = ("baseline",)  # generation-0 programs every island starts from
+# Tag of the fast-path stages a search started from a fast-path result (search/start_point.py): drawn in the
+# lineage, never parents, never evaluated by the search.
+LINEAGE_TAG = "lineage"
 
 
 @dataclass
@@ -137,8 +140,9 @@ class Population:
         return [p for p in self.all() if p.source in ROOT_SOURCES]
 
     def evolvable(self) -> list[ProgramView]:
-        """Programs that may be parents: everything but the reference seed (it has no knob block)."""
-        return [p for p in self.all() if p.source != "seed"]
+        """Programs that may be parents: everything but the reference seed (it has no knob block) and the
+        fast-path stages drawn before the start."""
+        return [p for p in self.all() if p.source != "seed" and LINEAGE_TAG not in p.tags]
 
     def island_members(self, island: int) -> list[ProgramView]:
         extra = self.extra_members.get(island, set())
@@ -170,7 +174,7 @@ class Population:
         return counts
 
     def unevaluated(self) -> list[ProgramView]:
-        return [p for p in self.all() if p.result is None]
+        return [p for p in self.all() if p.result is None and LINEAGE_TAG not in p.tags]
 
     def failures(self, k: int, *, island: int | None = None) -> list[FailureNote]:
         """The k most recent failed evaluations (newest first), with log tails, to feed back into prompts."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -127,6 +128,18 @@ def jupyterlab(tmp_path: Path):
         assert not left, f"processes left after JupyterLab shut down: {left}"
 
 
+def run_all(page, url: str) -> None:
+    """Open a notebook, wait for its kernel to be idle, then Run All."""
+    page.goto(url)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext.session && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
+                           "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status "
+                           "=== 'idle'", timeout=120_000)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+
 def test_02_search_approve_in_browser_updates_lineage_and_latency(jupyterlab):
     from playwright.sync_api import sync_playwright
 
@@ -136,14 +149,7 @@ def test_02_search_approve_in_browser_updates_lineage_and_latency(jupyterlab):
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
-            page.goto(f"{base}/lab/tree/02_search.ipynb?token={token}")
-            page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel && "
-                                   "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status "
-                                   "=== 'idle'", timeout=120_000)
-            page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            run_all(page, f"{base}/lab/tree/02_search.ipynb?token={token}")
 
             approve = page.locator(".jp-OutputArea button", has_text="Approve").first
             approve.wait_for(state="visible", timeout=180_000)
@@ -171,3 +177,66 @@ def test_02_search_approve_in_browser_updates_lineage_and_latency(jupyterlab):
         finally:
             browser.close()
     assert ARTIFACT.is_file() and ARTIFACT.stat().st_size > 10_000
+
+
+# Points per trace of the lineage tree, by trace name, read from plotly's own data.
+LINEAGE_TRACES_JS = """() => {
+  for (const gd of document.querySelectorAll('.js-plotly-plot')) {
+    const title = (gd.layout && gd.layout.title && (gd.layout.title.text || gd.layout.title)) || '';
+    if (String(title).startsWith('Lineage')) {
+      const out = {};
+      for (const t of gd.data || []) out[t.name] = t.x ? t.x.length : 0;
+      return out;
+    }
+  }
+  return null;
+}"""
+
+
+def test_06_your_kernel_reject_edit_approve_then_search_from_the_result(jupyterlab):
+    """06_your_kernel: reject Stage A's first attempt with a note, edit the second, approve the rest, and see the
+    search start from the approved result with the fast-path stages as the lineage's first nodes."""
+    from playwright.sync_api import sync_playwright
+
+    base, token, _ = jupyterlab
+    shot = ROOT / "test-artifacts" / "browser-06_your_kernel.png"
+    shot.parent.mkdir(exist_ok=True)
+    waiting = "() => document.body.innerText.includes('stage {}, attempt {}: waiting for your decision')"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROME_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
+            run_all(page, f"{base}/lab/tree/06_your_kernel.ipynb?token={token}")
+
+            def button(label: str):
+                exact = re.compile(f"^\\s*{label}\\s*$")
+                return page.locator(".jp-OutputArea button:enabled:visible").filter(has_text=exact).last
+
+            page.wait_for_function(waiting.format("A", 1), timeout=240_000)
+            page.get_by_placeholder("why you reject this attempt").fill("keep the harness stream for the step")
+            button("Reject").click()
+
+            page.wait_for_function(waiting.format("A", 2), timeout=120_000)
+            button("Edit").click()
+            editor = page.locator(".jp-OutputArea textarea:visible").last
+            editor.fill(editor.input_value() + "// reviewed in the browser\n")
+            button("Submit edit").click()
+
+            page.wait_for_function(waiting.format("B", 1), timeout=240_000)
+            assert "rejected" in page.inner_text("body") and "(human" in page.inner_text("body")
+            button("Approve").click()
+            page.wait_for_function(waiting.format("annotate", 1), timeout=240_000)
+            button("Approve").click()
+
+            page.wait_for_function("() => document.body.innerText.includes('Search started from the approved "
+                                   "result')", timeout=240_000)
+            page.wait_for_function(f"() => {{ const t = ({LINEAGE_TRACES_JS})(); return t && "
+                                   "t['fast-path stage'] >= 2 && (t['passed'] || 0) >= 1; }", timeout=120_000,
+                                   polling=500)
+            page.screenshot(path=str(shot), full_page=True)
+            button("Stop").click()
+            page.wait_for_function("() => document.body.innerText.includes('state: stopped') || "
+                                   "document.body.innerText.includes('state: finished')", timeout=60_000)
+        finally:
+            browser.close()
+    assert shot.is_file() and shot.stat().st_size > 10_000

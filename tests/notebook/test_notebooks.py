@@ -22,7 +22,8 @@ from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXPECTED = ["00_quickstart", "01_fast_path", "02_search", "03_multi_gpu_eval", "04_run_analysis", "05_teaching"]
+EXPECTED = ["00_quickstart", "01_fast_path", "02_search", "03_multi_gpu_eval", "04_run_analysis", "05_teaching",
+            "06_your_kernel"]
 CELL_TIMEOUT_S = 180  # one cell; the whole notebook is bounded by pytest's --timeout in scripts/test.sh
 TAG_ENV = "CUCO_NB_TEST_TAG"
 

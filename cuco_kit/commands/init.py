@@ -1,0 +1,62 @@
+"""`cuco init PROGRAM.cu --workload DIR [--plan PLAN.json] [--plan-only] [--name NAME] [--force]`: import a
+host-driven CUDA + NCCL program as a workload folder (docs/your_kernel.md).
+
+The plan (tensors, scratch, sizes, the per-step loop) is printed first. `--plan-only` writes just the plan
+(DIR/cuco_plan.json) so it can be corrected; `--plan FILE` (or a plan already in DIR) is then used instead of
+the analysis. The folder gets the plan, the original program, the deterministic seed in the candidate ABI and
+workload.py with TODO places for the torch reference; `cuco check-workload DIR` lists what is left. Exit code 0,
+or 2 for bad input (one line).
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cuco_kit.importer.plan import ImportPlan, require_consistent
+from cuco_kit.importer.session import ImportSession
+from cuco_kit.importer.workload_writer import PLAN_FILE
+from cuco_kit.terminal import clean
+
+HELP = "import a host-driven CUDA + NCCL program as a workload folder"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("program", help="the host program (.cu with main(), NCCL setup and a per-step loop)")
+    parser.add_argument("--workload", required=True, help="the workload folder to write")
+    parser.add_argument("--plan", help="an import plan (JSON) to use instead of the analysis")
+    parser.add_argument("--plan-only", action="store_true", help="write only DIR/cuco_plan.json, to correct it")
+    parser.add_argument("--name", help="the workload's name (default: the program's file name)")
+    parser.add_argument("--force", action="store_true", help="replace an existing workload.py")
+
+
+def plan_summary(plan: ImportPlan) -> str:
+    lines = [f"plan for {plan.program} -> workload {plan.name!r}",
+             f"  step: main() lines {plan.step_start}-{plan.step_end}; communicator {plan.comm}, rank {plan.rank}, "
+             f"world {plan.world}; harness stream <- {plan.main_stream}"
+             + (f"; side streams {', '.join(plan.side_streams)}" if plan.side_streams else ""),
+             "  sizes: " + (", ".join(f"{k}={v}" + (" (fixed)" if k in plan.fixed_sizes else "")
+                                      for k, v in plan.sizes.items()) or "none")]
+    for b in plan.buffers:
+        lines.append(f"  {b.role:8s} {b.name}: {b.dtype}[{b.count}]")
+    lines += [f"  note: {n}" for n in plan.notes]
+    return clean("\n".join(lines))
+
+
+def run(args: argparse.Namespace) -> int:
+    d = Path(args.workload)
+    plan_path = Path(args.plan) if args.plan else (d / PLAN_FILE if (d / PLAN_FILE).is_file() else None)
+    plan = ImportPlan.load(plan_path) if plan_path is not None else None
+    session = ImportSession(args.program, d, name=args.name, plan=plan)
+    if plan_path is not None:
+        print(f"using the plan in {plan_path}")
+    print(plan_summary(session.plan))
+    if args.plan_only:
+        require_consistent(session.plan, session.code)
+        d.mkdir(parents=True, exist_ok=True)
+        print(f"wrote {session.plan.save(d / PLAN_FILE)}; correct it, then run: cuco init {args.program} "
+              f"--workload {d}")
+        return 0
+    session.write(overwrite=args.force)
+    print(f"wrote {d}: {PLAN_FILE}, original.cu, seed_nccl.cu, workload.py")
+    print(f"next: write the torch reference where workload.py says TODO(cuco init), then: cuco check-workload {d}")
+    return 0
