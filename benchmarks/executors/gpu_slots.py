@@ -1,6 +1,6 @@
 """On a GPU machine: short offline searches of gemm_allgather through the local slot executor (one warm GPU
 evaluator per GPU set, builds on a CPU pool ahead of the GPUs), and their evaluations per GPU-hour beside the
-single-evaluator figures recorded in benchmarks/search/ (results-nccl1.json, results-symm4.json).
+single-evaluator figure recorded in benchmarks/search/results.json (both parts of that run together).
 
   set -a; . cuco_kit/evaluate/multicast_off.env; set +a
   PYTHONPATH=. python3 benchmarks/executors/gpu_slots.py --out "$OUT" [--budget-s 200] [--parts nccl1,symm4]
@@ -46,14 +46,13 @@ os.chdir(ROOT)  # the stores name the workload by its repository path
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
 WL_REL = "sample_kernels/gemm_allgather"
 PARTS = {"nccl1": (1, "nccl"), "symm4": (4, "symm")}
-EARLIER = Path("benchmarks/search")  # results-<part>.json: the single-evaluator runs
+EARLIER = Path("benchmarks/search/results.json")  # the single-evaluator run (its parts together)
 
 
 def earlier_figure(part: str) -> float | None:
-    path = EARLIER / f"results-{part}.json"
-    if not path.is_file():
+    if not EARLIER.is_file():
         return None
-    figure = json.loads(path.read_text()).get("throughput", {}).get("candidates_per_gpu_hour")
+    figure = json.loads(EARLIER.read_text()).get("throughput", {}).get("candidates_per_gpu_hour")
     return round(figure) if figure is not None else None
 
 
