@@ -247,16 +247,11 @@ EXPECTED_KNOBS = {
     "kChunks": ("1", "2", "4"),
     "kWaitMode": ("WaitMode::kInKernel", "WaitMode::kWaitKernel"),
 }
-EXPECTED_RANGES = {
-    "kPutThreads": "range 128..1024 step 128", "kLoadBatch": "pow2 1..8", "kWarpVecsPerLane": "pow2 2..32",
-    "kCtaVecsPerThread": "pow2 1..16", "kOverlapPutSmPercent": "range 5..40 step 5", "kWaitThreads": "pow2 32..256",
-}
 
 
 def test_baseline_knob_block_parses():
     knobs = {k.name: k for k in markers.knobs(_code("device_lsa.cu"))}
-    assert {n: k.allowed for n, k in knobs.items() if k.range is None} == EXPECTED_KNOBS
-    assert {n: k.spec for n, k in knobs.items() if k.range is not None} == EXPECTED_RANGES
+    assert {n: k.allowed for n, k in knobs.items()} == EXPECTED_KNOBS
     for k in knobs.values():
         assert k.value in k.allowed
 
@@ -271,15 +266,14 @@ def test_sample_sources_pass_l0(name):
 def test_baseline_has_mutable_blocks_besides_knobs():
     names = [b.name for b in markers.blocks(_code("device_lsa.cu"))]
     assert names[0] == "knobs"
-    assert {"put_kernel", "launch_shape", "schedule"} <= set(names)
+    assert {"tuning", "put_kernel", "launch_shape", "schedule"} <= set(names)
 
 
 def test_every_knob_value_is_an_l0_valid_child():
     # L0 judges each knob line on its own, so every value once (plus the all-non-default corner) covers the
     # 2*2*2*3*2 = 48 combinations without parsing the file 48 times (the compile tier builds the variants).
     parent = _code("device_lsa.cu")
-    default = {k.name: k.value for k in markers.knobs(parent) if k.range is None}
-    tuning = {k.name: k.value for k in markers.knobs(parent) if k.range is not None}
+    default = {k.name: k.value for k in markers.knobs(parent)}
     combos = [tuple({**default, name: value}[n] for n in EXPECTED_KNOBS)
               for name, allowed in EXPECTED_KNOBS.items() for value in allowed]
     combos.append(tuple(next(v for v in allowed if v != default[name]) for name, allowed in EXPECTED_KNOBS.items()))
@@ -288,7 +282,7 @@ def test_every_knob_value_is_an_l0_valid_child():
         child = markers.set_knobs(parent, dict(zip(EXPECTED_KNOBS, values)))
         report = static_check.check_candidate(child, parent)
         assert report.ok, (values, report.reasons)
-        assert report.knob_values == {**dict(zip(EXPECTED_KNOBS, values)), **tuning}
+        assert report.knob_values == dict(zip(EXPECTED_KNOBS, values))
 
 
 def test_bad_knob_value_is_refused():
