@@ -108,8 +108,10 @@ def check(d: dict[str, Any], expect: dict[str, Any]) -> tuple[bool, str]:
     if want_level and d.get("level_reached") != want_level:
         return False, f"expected level {want_level}, got {d.get('level_reached')}"
     words = expect.get("reason")
-    if words and words.lower() not in (d.get("reason") or "").lower():
-        return False, f"reason lacks {words!r}"
+    alternatives = [words] if isinstance(words, str) else list(words or [])
+    reason = (d.get("reason") or "").lower()
+    if alternatives and not any(w.lower() in reason for w in alternatives):
+        return False, f"reason lacks {' or '.join(map(repr, alternatives))}"
     return True, ""
 
 
