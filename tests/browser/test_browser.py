@@ -230,6 +230,8 @@ def test_06_your_kernel_reject_edit_approve_then_search_from_the_result(jupyterl
 
             page.wait_for_function("() => document.body.innerText.includes('Search started from the approved "
                                    "result')", timeout=240_000)
+            # JupyterLab renders only what is on screen: bring the dashboard's lineage tree into view.
+            page.locator(".js-plotly-plot").first.scroll_into_view_if_needed(timeout=60_000)
             page.wait_for_function(f"() => {{ const t = ({LINEAGE_TRACES_JS})(); return t && "
                                    "t['fast-path stage'] >= 2 && (t['passed'] || 0) >= 1; }", timeout=120_000,
                                    polling=500)
