@@ -7,8 +7,9 @@ For each workload (default gemm_allgather and moe_dispatch_combine) and each of 
 the search engine from the workload's baseline, 4 ranks under symm at the small preset: one whose every slot is
 the design-space source (Optuna over the knob block, range knobs as IntDistributions), one whose every slot is
 uniform random points of the same knob space (RandomKnobSource). Both get --budget candidate evaluations; when
-the wall cap (--budget-s) stops runs early, every run of a workload is cut to the smallest count any of them
-reached, so the budgets stay equal. Per run: the best speed-up over the seed among its first N candidates.
+the wall cap (--budget-s, GPU only by default) stops runs early, every run of a workload is cut to the smallest
+count any of them reached, so the budgets stay equal (a run stopped before its first candidate is left out and
+listed). Per run: the best speed-up over the seed among its first N candidates.
 Per method: mean best, its 95% bootstrap interval (cuco_kit.evaluate.stats.mean_ci), and a two-sided
 Mann-Whitney U test of search's bests against random's: scipy.stats.mannwhitneyu when scipy is installed, else
 the exact permutation distribution of U computed here with numpy (the JSON and the table say which).
@@ -149,7 +150,8 @@ def one_run(workload: str, method: str, seed: int, evaluator: Any, args: argpars
         Path(str(store_path) + suffix).unlink(missing_ok=True)
     cfg = SearchConfig(world_size=args.world, backend="symm", params=dict(wl.size_presets[args.preset]),
                        iters=args.iters, seed=seed, proposals_per_generation=args.per_generation,
-                       budget=BudgetConfig(generations=100000, wall_s=max(1.0, deadline - time.monotonic()),
+                       budget=BudgetConfig(generations=100000, wall_s=None if math.isinf(deadline) else
+                                           max(1.0, deadline - time.monotonic()),
                                            evaluations=args.budget + 2))  # + the seed and the baseline
     cfg.phases.explore.mix = {"design_space": 1.0}
     cfg.phases.exploit.mix = {"design_space": 1.0}
@@ -188,18 +190,22 @@ def best_of(rows: list[dict[str, Any]]) -> float | None:
 def summarise(runs: list[dict[str, Any]], workloads: list[str], seeds: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for wl in workloads:
-        mine = [r for r in runs if r["workload"] == wl]
+        # A run the wall cap stopped before its first candidate says nothing: it is left out (and listed), and
+        # the others are cut to the smallest count among those that ran.
+        mine = [r for r in runs if r["workload"] == wl and r["candidates"]]
+        dropped = [f"{r['method']} seed {r['seed']}" for r in runs if r["workload"] == wl and not r["candidates"]]
         n = min((len(r["candidates"]) for r in mine), default=0)
         per: dict[str, Any] = {}
         for method in METHODS:
             bests = []
             for s in seeds:
                 run = next((r for r in mine if r["method"] == method and r["seed"] == s), None)
-                b = best_of(run["candidates"][:n]) if run else None
-                bests.append(b if b is not None else 0.0)  # nothing passed: no speed-up found
-            per[method] = {"best_speedup_per_seed": bests, "mean_best_speedup": float(np.mean(bests)),
-                           "mean_ci": mean_ci(bests)}
-        out[wl] = {"candidates_per_run": n, **per,
+                if run is not None:
+                    b = best_of(run["candidates"][:n])
+                    bests.append(b if b is not None else 0.0)  # nothing passed: no speed-up found
+            per[method] = {"best_speedup_per_seed": bests,
+                           "mean_best_speedup": float(np.mean(bests)) if bests else None, "mean_ci": mean_ci(bests)}
+        out[wl] = {"candidates_per_run": n, "dropped_runs": dropped, **per,
                    "rank_test": rank_test(per["search"]["best_speedup_per_seed"],
                                           per["random"]["best_speedup_per_seed"])}
     return out
@@ -218,16 +224,19 @@ def make_table(result: dict[str, Any]) -> str:
              "the seed among a run's first N candidates (0 when none passed); interval: 95% bootstrap of the mean.",
              "", "| workload | space | N | search mean best [95% CI] | random mean best [95% CI] | p | test |",
              "|---|---|---|---|---|---|---|"]
+    notes: list[str] = []
     for wl, s in result["summary"].items():
         def cell(m: dict[str, Any]) -> str:
             ci = m["mean_ci"]
-            return f"{fmt(m['mean_best_speedup'])}" + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
+            return fmt(m["mean_best_speedup"]) + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else "")
         rt = s["rank_test"]
+        if s["dropped_runs"]:
+            notes.append(f"{wl}: left out (stopped by the wall cap before a candidate): {', '.join(s['dropped_runs'])}")
         lines.append(f"| {wl} | {meta['space_size'][wl]:,} | {s['candidates_per_run']} | {cell(s['search'])} | "
                      f"{cell(s['random'])} | {fmt(rt['p'])} | {rt['method']} |")
     lines += ["", "Per seed (best speed-up): " + "; ".join(
         f"{wl} {m}: {', '.join(fmt(v) for v in s[m]['best_speedup_per_seed'])}"
-        for wl, s in result["summary"].items() for m in METHODS)]
+        for wl, s in result["summary"].items() for m in METHODS)] + notes
     if meta["badge"] == "simulated":
         lines += ["", "SIMULATED: every number above comes from a synthetic landscape, not a GPU."]
     return "\n".join(lines) + "\n"
@@ -239,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default="gemm_allgather,moe_dispatch_combine")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=10, help="candidate evaluations per run")
-    ap.add_argument("--budget-s", type=float, default=180.0, help="wall cap: no evaluation starts after it")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="wall cap: no evaluation starts after it (default 180 with a GPU, none without)")
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--iters", type=int, default=10)
@@ -259,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         inner: Any = GpuEvaluator(EvaluatorConfig())
     else:
         inner = SimulatedEvaluator(seed=0)
+    if args.budget_s is None:
+        args.budget_s = 180.0 if gpu else float("inf")
     deadline = time.monotonic() + args.budget_s
     evaluator = PrebuildingEvaluator(inner, deadline)
     dest = Path(args.dest) if args.dest else (DEST if gpu else Path(tempfile.mkdtemp(prefix="cuco-svr-")))
@@ -283,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     runs.sort(key=lambda r: (r["workload"], r["method"], r["seed"]))
     meta = {"evaluator": args.evaluator, "badge": getattr(inner, "badge", "real"), "world": args.world,
             "backend": "symm", "preset": args.preset, "seeds": seeds, "budget": args.budget, "iters": args.iters,
-            "wall_s": round(time.monotonic() - t0, 1), "budget_s": args.budget_s,
+            "wall_s": round(time.monotonic() - t0, 1), "budget_s": None if math.isinf(args.budget_s) else args.budget_s,
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": next((r["gpu"] for r in runs if r["gpu"]), None),
             "space_size": {wl: markers.space_size(
                 (ROOT / "sample_kernels" / wl / load_workload(ROOT / "sample_kernels" / wl).baseline).read_text())

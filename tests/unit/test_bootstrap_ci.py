@@ -89,11 +89,12 @@ def test_summary_cuts_runs_to_an_equal_budget() -> None:
                 "candidates": [{"speedup": u} for u in ups]}
 
     runs = [run("search", 0, [1.1, 1.5, 2.0]), run("search", 1, [1.2, 1.3]),
-            run("random", 0, [1.0, None]), run("random", 1, [None, None, 3.0])]
-    s = svr.summarise(runs, ["w"], [0, 1])["w"]
-    assert s["candidates_per_run"] == 2
+            run("random", 0, [1.0, None]), run("random", 1, [None, None, 3.0]), run("search", 2, []),
+            run("random", 2, [1.1, 1.2, 1.3])]
+    s = svr.summarise(runs, ["w"], [0, 1, 2])["w"]
+    assert s["candidates_per_run"] == 2 and s["dropped_runs"] == ["search seed 2"]
     assert s["search"]["best_speedup_per_seed"] == [1.5, 1.3]
-    assert s["random"]["best_speedup_per_seed"] == [1.0, 0.0]  # the 3.0 came after the shared budget
+    assert s["random"]["best_speedup_per_seed"] == [1.0, 0.0, 1.2]  # the 3.0 came after the shared budget
     assert s["rank_test"]["p"] is not None and "Mann-Whitney" in s["rank_test"]["method"]
 
 
