@@ -88,6 +88,12 @@ def knob_variants(code: str) -> list[tuple[dict[str, str], str]]:
     return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code, names)]
 
 
+def _shown(path: Path) -> str:
+    """A store's path as the record keeps it: relative to the repository when inside it (no machine paths)."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def short(knobs: dict[str, str] | None) -> str:
     if not knobs:
         return "-"
@@ -229,7 +235,7 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
             cur = r["median_ms"] if cur is None else min(cur, r["median_ms"])
         curve.append(cur)
     res = {"name": name, "method": method, "seed": seed, "world": world, "backend": backend,
-           "params": params, "store": str(store_path), "run_id": engine.run_id, "wall_cap_s": round(wall_cap, 1),
+           "params": params, "store": _shown(store_path), "run_id": engine.run_id, "wall_cap_s": round(wall_cap, 1),
            "wall_s": round(wall, 2), "error": error, "state": summary.get("state"), "reason": summary.get("reason"),
            "generations": summary.get("generations"), "evaluations": len(rows), "candidates": len(cands),
            "passed": sum(1 for r in cands if r["verdict"] == "pass"),
@@ -637,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
     # 4. stores: compaction, replay, recorded_runs
     store_checks = {}
     for r in runs:
-        p = Path(r["store"])
+        p = ROOT / r["store"]  # relative to the repository when the store is in it
         if not p.exists():
             continue
         sizes = {} if args.no_compact else compact(p)
