@@ -27,7 +27,7 @@ def test_secret_rule() -> None:
 
 
 def test_rank_env_sets_torchrun_vars_and_multicast_off_and_inherits_the_allow_list_only() -> None:
-    base = {"PATH": "/usr/bin", "OPENAI_API_KEY": "sk-x", "HF_TOKEN": "hf", "NCCL_NVLS_ENABLE": "1",
+    base = {"PATH": "/usr/bin", "OPENAI_API_KEY": "probe-x", "HF_TOKEN": "hf", "NCCL_NVLS_ENABLE": "1",
             "AWS_SECRET_ACCESS_KEY": "a", "KEEP_ME": "yes", "NCCL_DEBUG": "INFO", "LC_ALL": "C.UTF-8"}
     env = rank_env(2, 4, 29500, base=base)
     assert env["RANK"] == "2" and env["WORLD_SIZE"] == "4" and env["LOCAL_RANK"] == "2"
@@ -39,14 +39,14 @@ def test_rank_env_sets_torchrun_vars_and_multicast_off_and_inherits_the_allow_li
     assert "KEEP_ME" not in env  # not on the allow-list
     assert env["PATH"] == "/usr/bin" and env["NCCL_DEBUG"] == "INFO" and env["LC_ALL"] == "C.UTF-8"
     with pytest.raises(ValueError):
-        rank_env(0, 1, 1, base=base, extra={"OPENAI_API_KEY": "sk-y"})
+        rank_env(0, 1, 1, base=base, extra={"OPENAI_API_KEY": "probe-y"})
     # the kit's own channel variables pass, the store token included
     assert rank_env(0, 1, 1, base=base, extra={"CUCO_STORE_TOKEN": "ab"})["CUCO_STORE_TOKEN"] == "ab"
     assert rank_env(0, 1, 1, base=base, extra={"NCCL_NVLS_ENABLE": "1"})["NCCL_NVLS_ENABLE"] == "0"
 
 
 def test_launched_children_see_the_rank_env_and_no_secrets(tmp_path: Path) -> None:
-    base = dict(os.environ, OPENAI_API_KEY="sk-secret", MY_DB_PASSWORD="pw", GH_TOKEN="t")
+    base = dict(os.environ, OPENAI_API_KEY="probe-value", MY_DB_PASSWORD="pw", GH_TOKEN="t")
     code = ("import json, os; json.dump(dict(os.environ), open(f'env{os.environ[\"RANK\"]}.json', 'w')); "
             "print('cwd', os.getcwd())")
     group = launch([sys.executable, "-c", code], 3, scratch=tmp_path, master_port=12345, base_env=base,

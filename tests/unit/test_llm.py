@@ -286,9 +286,9 @@ def test_config_from_environment(monkeypatch):
     assert (cfg.base_url, cfg.model) == ("http://localhost:11434/v1", "qwen2.5-coder:32b")
     assert cfg.resolved_api_key() == LOCAL_DUMMY_KEY
     assert LLMConfig(model="explicit").model == "explicit"
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value")
+    monkeypatch.setenv("OPENAI_API_KEY", "probe-value-from-env")
     cfg = LLMConfig()
-    assert cfg.resolved_api_key() == "sk-secret-value" and "sk-secret" not in repr(cfg)
+    assert cfg.resolved_api_key() == "probe-value-from-env" and "probe-value" not in repr(cfg)
     with pytest.raises(LLMError, match="max_tokens_param"):
         LLMConfig(max_tokens_param="max_len")
     with pytest.raises(LLMError, match="timeout_s"):
