@@ -49,7 +49,7 @@ PARTS = {"nccl1": (1, "nccl"), "symm4": (4, "symm")}
 EARLIER = Path("benchmarks/search/results.json")  # the single-evaluator run (its parts together)
 
 
-def earlier_figure(part: str) -> float | None:
+def earlier_figure() -> float | None:
     if not EARLIER.is_file():
         return None
     figure = json.loads(EARLIER.read_text()).get("throughput", {}).get("candidates_per_gpu_hour")
@@ -91,7 +91,7 @@ def run_part(part: str, gpus: list[str], args: argparse.Namespace, wall_cap: flo
             "best_speedup": summary.best_speedup, "wall_s": round(wall, 2), "prebuilds": summary.prebuilds,
             "mean_eval_s": round(sum(secs) / len(secs), 3) if secs else None,
             "build_cache_hit_rate": round(sum(cached) / len(cached), 3) if cached else None,
-            "candidates_per_gpu_hour": round(per_hour), "earlier_single_evaluator_per_gpu_hour": earlier_figure(part),
+            "candidates_per_gpu_hour": round(per_hour), "earlier_single_evaluator_per_gpu_hour": earlier_figure(),
             "gpu": provs[0].get("gpu") if provs else None, "badge": "real"}
 
 
