@@ -525,6 +525,21 @@ def _inspect(path: Path, *, pages: bool) -> None:
                          "restore it from a copy, or point --db at a new file") from None
 
 
+def _switch_to_wal(conn: sqlite3.Connection, *, wait_s: float = 30.0) -> None:
+    """Put the file in WAL mode. SQLite answers "database is locked" at once, without its busy handler, when
+    another connection is switching the same fresh file at that moment; so wait for it here, as a busy
+    timeout would."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
     try:
@@ -584,7 +599,7 @@ class Store:
             if not readonly:
                 # WAL: readers in other threads/processes never block on the writer. NORMAL sync in WAL keeps
                 # every commit across a killed process (what resume needs); only power loss can drop the tail.
-                self._conn.execute("PRAGMA journal_mode = WAL")
+                _switch_to_wal(self._conn)
                 self._conn.execute("PRAGMA synchronous = NORMAL")
             self._open_schema()
         except sqlite3.DatabaseError as e:
