@@ -7,6 +7,7 @@ tolerance. Nothing here imports CUDA-only packages at module load, so workloads 
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import math
 import re
@@ -178,6 +179,16 @@ def load_workload(directory: str | Path) -> Workload:
         raise BadInput(f"{f}: defines no WORKLOAD = Workload(...)")
     wl.directory = d.resolve()
     return wl
+
+
+def workload_fingerprint(directory: str | Path) -> str:
+    """A hash of the Python files of a workload folder: what a process that loaded it has in memory. Rank
+    workers load the workload once when they start, so a change here (a reference approved or edited) means
+    they must start again."""
+    h = hashlib.sha256()
+    for f in sorted(Path(directory).glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 _INTEGER = re.compile(r"-?[0-9]+")

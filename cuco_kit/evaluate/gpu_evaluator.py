@@ -46,7 +46,7 @@ from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version,
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
 from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats, speedup_ci
-from cuco_kit.workload import Workload, load_workload
+from cuco_kit.workload import Workload, load_workload, workload_fingerprint
 
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
 
@@ -342,9 +342,11 @@ class GpuEvaluator:
                  progress: Progress | None) -> EvalResult:
         key = json.dumps([str(Path(req.workload_dir).resolve()), sorted(params.items()), req.world_size,
                           req.backend])
+        fingerprint = workload_fingerprint(wl.directory)
         starts_before = self.pool.starts
         try:
-            group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress)
+            group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress,
+                                    fingerprint=fingerprint)
         except WorkerError as exc:
             logs.update({k: _tail(v) for k, v in exc.logs.items()})
             self._after_fault(req, notes)
@@ -376,7 +378,8 @@ class GpuEvaluator:
                 return EvalResult(sres.level_reached, "error", f"the workload's seed did not pass in this world "
                                   f"({sres.reason}); nothing to compare against", logs=logs, provenance=prov)
             seed_res = sres
-            group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress)
+            group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress,
+                                    fingerprint=fingerprint)
         limit = self.cfg.seed_step_limit_s
         if seed_res is not None and seed_res.median_ms is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)

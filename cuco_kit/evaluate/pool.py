@@ -4,8 +4,9 @@ A ``WorkerGroup`` is N rank processes (launcher.launch) serving the store protoc
 store of its own (launcher.host_store: loopback only, values sealed with the group's token, which the ranks get
 in their environment). A value in the store that does not open under the token was not written by this world:
 it is ignored, as if the key were not there yet. A ``WorkerPool`` keeps one group per key (workload, sizes,
-world, backend) and recycles it after any fatal reply (CUDA error), any hang, and every ``recycle_every``
-commands. The parent never creates a CUDA context: it only hosts the store and watches progress.
+world, backend) and recycles it after any fatal reply (CUDA error), any hang, every ``recycle_every``
+commands, and when the group's ``fingerprint`` changes (the workload's files were edited: the ranks imported
+the old ones when they started). The parent never creates a CUDA context: it only hosts the store and watches progress.
 """
 from __future__ import annotations
 
@@ -80,6 +81,7 @@ class WorkerGroup:
         self._last_logs: dict[str, str] = {}
         self.broken = False  # set after a fatal reply or a hang: the pool replaces the group
         self.started_s = 0.0
+        self.fingerprint = ""  # what the ranks loaded at start (WorkerPool.group); a change recycles the world
 
     # ---------------------------------------------------------------------------------------------- life
     def start(self, progress: ProgressFn | None = None) -> None:
@@ -260,13 +262,15 @@ class WorkerPool:
         self.recycles: list[str] = []  # why each world was replaced
 
     def group(self, key: str, make_spec: Callable[[Path], GroupSpec], progress: ProgressFn | None = None,
-              on_recycle: Callable[[str], None] | None = None) -> WorkerGroup:
+              on_recycle: Callable[[str], None] | None = None, fingerprint: str = "") -> WorkerGroup:
         with self.lock:
             g = self.groups.get(key)
             reason = None
             if g is not None:
                 if g.broken or not g.alive():
                     reason = "previous world failed (CUDA error, hang or exit)"
+                elif g.fingerprint != fingerprint:
+                    reason = "the workload changed since this world started"
                 elif g.evaluations >= self.cfg.recycle_every:
                     reason = f"served {g.evaluations} evaluations (recycle_every={self.cfg.recycle_every})"
             if g is not None and reason:
@@ -278,6 +282,7 @@ class WorkerPool:
                 g = None
             if g is None:
                 g = self._start(make_spec, progress)
+                g.fingerprint = fingerprint
                 self.groups[key] = g
             return g
 

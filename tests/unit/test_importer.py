@@ -15,6 +15,7 @@ from cuco_kit.importer.plan import ImportPlan, check_plan, make_plan, require_co
 from cuco_kit.importer.session import ImportSession
 from cuco_kit.importer.size_expr import Untranslatable, evaluate, translate
 from cuco_kit.llm import Completion, fixtures
+from cuco_kit.workload import workload_fingerprint
 
 ROOT = Path(__file__).resolve().parents[2]
 OWN = ROOT / "tests" / "data" / "own_kernel"  # programs cuco init refuses
@@ -83,9 +84,12 @@ def test_written_folder_has_todo_places_until_a_reference_is_approved(tmp_path):
     assert not first.ok
     assert any(f.status == "todo" for f in first.findings)
     assert any("NotImplementedError" in f.message for f in first.findings)
+    before = workload_fingerprint(d)
     s.accept_reference(fixtures.load("own_norm_reference.txt"))
     after = check_workload(d, compile_seed=False)
     assert after.ok, after.text()
+    # warm rank workers hold the workload they loaded: approving a reference must be seen as a change
+    assert workload_fingerprint(d) != before
     with pytest.raises(BadInput, match="already holds a workload.py"):
         s.write()
 

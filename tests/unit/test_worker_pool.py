@@ -131,3 +131,15 @@ def test_a_hang_raises_kills_the_world_and_names_the_rank(tmp_path: Path, body_d
         assert "rank0" in ei.value.logs
     finally:
         pool.close()
+
+
+def test_a_changed_workload_fingerprint_starts_a_new_world(tmp_path: Path, body_dir: Path) -> None:
+    pool = WorkerPool(PoolConfig(recycle_every=100, start_timeout_s=120), tmp_path / "ranks")
+    try:
+        g = pool.group("k", _spec(1, body_dir), fingerprint="reference-a")
+        assert pool.group("k", _spec(1, body_dir), fingerprint="reference-a") is g
+        g2 = pool.group("k", _spec(1, body_dir), fingerprint="reference-b")
+        assert g2 is not g and pool.starts == 2
+        assert pool.recycles == ["the workload changed since this world started"]
+    finally:
+        pool.close()
