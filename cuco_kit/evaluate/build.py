@@ -240,12 +240,6 @@ def cache_key(code: str, backend: str, cfg: BuildConfig) -> str:
 # ---- build ------------------------------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(data)
-    os.replace(tmp, path)
-
-
 def _run_nvcc(cmd: Sequence[str], cwd: Path, timeout_s: float) -> tuple[int | None, str]:
     """Run nvcc in its own process group so a timeout also kills cicc/ptxas; rc None means timed out."""
     try:
@@ -289,7 +283,9 @@ def build(code: str, backend: str, cfg: BuildConfig | None = None,
         log = f"$ {' '.join(cmd)}\n{output}"
         if rc == 0 and not out.exists():
             log += "\nnvcc exited 0 but wrote no shared library"
-        _write_atomic(log_path, log)
+        # via this build's own folder: two threads building the same key never share a temporary file
+        (work / "build.log").write_text(log)
+        os.replace(work / "build.log", log_path)
         if ok:
             os.replace(out, so_path)  # last: the .so appearing means the build is complete
         return BuildResult(ok, so_path if ok else None, log, time.monotonic() - t0, False, key)

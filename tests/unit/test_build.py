@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,14 @@ def test_identical_content_hits_the_cache(fake_cfg: B.BuildConfig, tmp_path: Pat
     assert first.so_path is not None and first.so_path.read_bytes().startswith(b"ELF-fake")
     assert _calls(tmp_path) == 1
     assert (cache / f"{first.key}.log").exists()  # the compiler log sits next to the .so
+
+
+def test_threads_building_the_same_code_at_once_all_succeed(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        results = list(pool.map(lambda _: B.build(CODE, "nccl", fake_cfg, cache), range(8)))
+    assert all(r.ok for r in results), [r.log for r in results]
+    assert [p.name for p in cache.iterdir()] and not list(cache.glob("*.tmp")) and not list(cache.glob(".build-*"))
 
 
 def test_harness_helpers_build_like_a_candidate(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
