@@ -1,20 +1,31 @@
-"""`cuco init PROGRAM.cu --workload DIR [--plan PLAN.json] [--plan-only] [--name NAME] [--force]`: import a
-host-driven CUDA + NCCL program as a workload folder (docs/your_kernel.md).
+"""`cuco init PROGRAM.cu --workload DIR [--plan PLAN.json] [--plan-only] [--name NAME] [--force] [--llm [LLM
+flags]]`: import a host-driven CUDA + NCCL program as a workload folder (docs/your_kernel.md).
 
 The plan (tensors, scratch, sizes, the per-step loop) is printed first. `--plan-only` writes just the plan
 (DIR/cuco_plan.json) so it can be corrected; `--plan FILE` (or a plan already in DIR) is then used instead of
 the analysis. The folder gets the plan, the original program, the deterministic seed in the candidate ABI and
-workload.py with TODO places for the torch reference; `cuco check-workload DIR` lists what is left. Exit code 0,
-or 2 for bad input (one line).
+workload.py with TODO places for the torch reference; `cuco check-workload DIR` lists what is left. `--llm` then
+asks an LLM for the port and the reference, each shown with its checks for a decision on the terminal
+(commands/import_review.py). Exit code 0, or 2 for bad input (one line).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from cuco_kit.commands.import_review import review_import
+from cuco_kit.commands.llm_options import (
+    PROBE_TIMEOUT_S,
+    add_llm_arguments,
+    check_llm_arguments,
+    check_llm_reachable,
+    llm_config,
+)
 from cuco_kit.importer.plan import ImportPlan, require_consistent
 from cuco_kit.importer.session import ImportSession
 from cuco_kit.importer.workload_writer import PLAN_FILE
+from cuco_kit.llm import Ledger, LedgeredClient, OpenAICompatibleClient
 from cuco_kit.terminal import clean
 
 HELP = "import a host-driven CUDA + NCCL program as a workload folder"
@@ -27,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plan-only", action="store_true", help="write only DIR/cuco_plan.json, to correct it")
     parser.add_argument("--name", help="the workload's name (default: the program's file name)")
     parser.add_argument("--force", action="store_true", help="replace an existing workload.py")
+    parser.add_argument("--llm", action="store_true",
+                        help="then ask an LLM for the port and the torch reference, each for a decision on the "
+                             "terminal: approve, reject NOTE, edit FILE, keep")
+    parser.add_argument("--model", help="LLM model name for --llm (default: $CUCO_MODEL or the config)")
+    add_llm_arguments(parser, scope="import")
 
 
 def plan_summary(plan: ImportPlan) -> str:
@@ -46,7 +62,16 @@ def run(args: argparse.Namespace) -> int:
     d = Path(args.workload)
     plan_path = Path(args.plan) if args.plan else (d / PLAN_FILE if (d / PLAN_FILE).is_file() else None)
     plan = ImportPlan.load(plan_path) if plan_path is not None else None
-    session = ImportSession(args.program, d, name=args.name, plan=plan)
+    llm = None
+    if args.llm and not args.plan_only:
+        # checked before anything is written: a missing server costs nothing
+        check_llm_arguments(args)
+        cfg = llm_config(args, model=args.model or None)
+        check_llm_reachable(cfg.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
+        # the import's own calls only: nothing is stored, so the budgets count this run
+        llm = LedgeredClient(OpenAICompatibleClient(cfg),
+                             Ledger(None, budget_dollars=args.llm_budget, budget_tokens=args.llm_token_budget))
+    session = ImportSession(args.program, d, name=args.name, plan=plan, llm=llm)
     if plan_path is not None:
         print(f"using the plan in {plan_path}")
     print(plan_summary(session.plan))
@@ -58,5 +83,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     session.write(overwrite=args.force)
     print(f"wrote {d}: {PLAN_FILE}, original.cu, seed_nccl.cu, workload.py")
-    print(f"next: write the torch reference where workload.py says TODO(cuco init), then: cuco check-workload {d}")
+    if llm is None:
+        print(f"next: write the torch reference where workload.py says TODO(cuco init), then: cuco check-workload "
+              f"{d}")
+        return 0
+    for line in review_import(session, sys.stdin, sys.stdout):
+        print(clean(line))
+    print(f"next: cuco check-workload {d}; on a GPU the seed must pass L2 against the reference before the fast "
+          "path")
     return 0

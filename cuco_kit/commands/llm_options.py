@@ -33,9 +33,10 @@ BREAKER_FAILURES = 3  # consecutive unanswered calls after which a search stops 
 
 def add_llm_arguments(parser: argparse.ArgumentParser, scope: str = "database") -> None:
     """The LLM flags; ``scope`` says what the budgets count ("run": this run in every session; "database": every
-    call in --db)."""
-    counts = ("what this run spent in earlier sessions counts" if scope == "run"
-              else "what earlier runs in --db spent counts")
+    call in --db; "import": this command's calls)."""
+    counts = {"run": "what this run spent in earlier sessions counts",
+              "database": "what earlier runs in --db spent counts",
+              "import": "only this command's calls count"}[scope]
     g = parser.add_argument_group("LLM")
     g.add_argument("--llm-timeout", type=float, default=LLMConfig.timeout_s, metavar="SECONDS",
                    help=f"seconds to wait for one answer (default {LLMConfig.timeout_s:g})")
