@@ -13,7 +13,9 @@ Rules:
   - the daemon and the canary get the rank allow-list of the environment (launcher.inherited_env), not the
     parent's: a rank that can see their /proc must find no secret there;
   - one daemon per GPU set: an executor slot's evaluator starts its own (its own pipe directory) with the slot's
-    CUDA_VISIBLE_DEVICES, so several slots on one host each have MPS on their own GPUs.
+    CUDA_VISIBLE_DEVICES, so several slots on one host each have MPS on their own GPUs;
+  - a daemon we start gets a watcher (mps_reaper.py) that ends it if this process dies without stopping it
+    (SIGKILL of a Ray actor or a notebook kernel).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cuco_kit.evaluate.device import MULTICAST_OFF
+from cuco_kit.evaluate.device import MULTICAST_OFF, REPO_ROOT
 from cuco_kit.evaluate.launcher import inherited_env
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -107,6 +109,7 @@ class MpsDaemon:
         self.python = python
         self.canary_timeout_s = canary_timeout_s
         self.state = MpsState(False, False, note="not started")
+        self._reaper: subprocess.Popen[bytes] | None = None
 
     def ensure(self) -> MpsState:
         if self.state.active:
@@ -125,6 +128,7 @@ class MpsDaemon:
             self.state = MpsState(False, False, note=f"could not start MPS ({out}): ranks run time-sliced")
             return self.state
         self.state = MpsState(True, True, str(pipe), str(log), note="started a private MPS daemon")
+        self._reaper = start_reaper(self.python, os.getpid(), str(pipe))
         ok, why = self.canary()
         if not ok:
             self.stop()
@@ -167,18 +171,14 @@ class MpsDaemon:
         st = self.state
         if not (st.active and st.started_by_us):
             return
-        env = _env_with(st.pipe_dir, st.log_dir)
-        _control("quit", env)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and daemon_answers(st.pipe_dir):
-            time.sleep(0.2)
-        # A server wedged by a hung client may ignore quit: end the processes of OUR daemon (matched by its
-        # private pipe directory), never anyone else's.
-        for pid in _daemon_pids_with_pipe(str(st.pipe_dir)):
+        end_daemon(str(st.pipe_dir), st.log_dir)
+        if self._reaper is not None:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+                self._reaper.wait(timeout=10)  # it sees the daemon gone within a poll
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None
         self.state = MpsState(False, False, note="stopped the MPS daemon we started")
 
     def provenance(self) -> dict[str, object]:
@@ -205,7 +205,30 @@ def _control_start(pipe_dir: str, log_dir: str, visible_devices: str | None = No
     return 1, "the daemon did not answer within 10 s"
 
 
-def _daemon_pids_with_pipe(pipe_dir: str) -> list[int]:
+def start_reaper(python: str, owner: int, pipe_dir: str) -> subprocess.Popen[bytes]:
+    """The watcher that ends the daemon on ``pipe_dir`` if ``owner`` dies first (mps_reaper.py); in a session
+    of its own, so a signal to the owner's process group does not end it too."""
+    env = inherited_env()
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.Popen([python, "-m", "cuco_kit.evaluate.mps_reaper", str(owner), pipe_dir], env=env,
+                            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def end_daemon(pipe_dir: str, log_dir: str | None = None) -> None:
+    """Quit the daemon on ``pipe_dir`` and wait until it is gone. A server wedged by a hung client may ignore
+    quit: then end the processes of THAT daemon (matched by its private pipe directory), never anyone else's."""
+    _control("quit", _env_with(pipe_dir, log_dir))
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and daemon_answers(pipe_dir):
+        time.sleep(0.2)
+    for pid in private_daemon_pids(pipe_dir):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def private_daemon_pids(pipe_dir: str) -> list[int]:
     needle = f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode()
     out = []
     for pid in mps_daemon_pids():
