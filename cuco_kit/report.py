@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from cuco_kit.badges import detail_of, shown_badge
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
@@ -69,12 +70,13 @@ def failure_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_badge(store: Store, run_id: int) -> tuple[str, str]:
-    """(badge, detail) for a run: the run's badge and, when evaluations carry provenance, 'GPU, date'."""
+    """(badge, detail) for a run, as cuco_kit.badges defines them: the run's badge ("real" read back from a
+    read-only store, a recording or a finished run, is "replayed") and, when evaluations carry provenance,
+    'GPU, date'."""
     run = store.run(run_id)
     detail = ""
     for e in store.evaluations(run_id=run_id):
-        prov = e.get("provenance") or {}
-        if prov.get("gpu"):
-            detail = ", ".join(str(prov[k]) for k in ("gpu", "date") if prov.get(k))
+        detail = detail_of(e.get("provenance"))
+        if detail:
             break
-    return run.get("badge", "real"), detail
+    return shown_badge(str(run.get("badge", "real")), live=not store.readonly), detail
