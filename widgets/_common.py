@@ -43,6 +43,21 @@ def provenance_detail(prov: dict[str, Any] | None) -> str:
     return detail_of(prov)
 
 
+def fmt_ms(ms: Any) -> str:
+    """A latency with its unit, rounded for reading: '0.304 ms', '12.4 us', '-' when there is none."""
+    if ms is None or ms != ms:  # None or NaN
+        return "-"
+    ms = float(ms)
+    return f"{ms * 1000:.1f} us" if abs(ms) < 0.1 else f"{ms:.3f} ms" if abs(ms) < 100 else f"{ms:,.0f} ms"
+
+
+def fmt_ratio(x: Any) -> str:
+    """A speed-up ratio: '1.04x', '-' when there is none."""
+    if x is None or x != x:
+        return "-"
+    return f"{float(x):.2f}x"
+
+
 class Throttle:
     """Coalesces refreshes: callers mark work dirty from any thread; `fn` runs under one lock at most once per
     `interval` seconds (the last call always lands, via a timer). Keeps notebooks responsive while a search
