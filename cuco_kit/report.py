@@ -10,6 +10,7 @@ from typing import Any
 import pandas as pd
 
 from cuco_kit.badges import detail_of, shown_badge
+from cuco_kit.markers import plain_knob
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
@@ -58,6 +59,25 @@ def cell_table(df: pd.DataFrame) -> pd.DataFrame:
                      "best_ms": None if best is None else best["median_ms"],
                      "best_program": None if best is None else int(best["program_id"])})
     return pd.DataFrame(rows).sort_values("best_ms", na_position="last").reset_index(drop=True)
+
+
+def short_cells(cells: list[str]) -> list[str]:
+    """Cell keys ('backend=symm|kChunks=2|kPlacement=Placement::kSequential|...') as short labels that a plot axis
+    can show: features every knob cell shares are dropped, knob values are said plainly, placement first
+    ('Sequential/Barrier/Warp/chunks 2'); a cell without knobs (a seed) reads 'seed-like (no knobs)'."""
+    parsed = [dict(p.split("=", 1) for p in str(c).split("|") if "=" in p) for c in cells]
+    knobbed = [d for d in parsed if d.get("knobs") != "-"] or parsed
+    keys = sorted({k for d in knobbed for k in d if k != "knobs"},
+                  key=lambda k: ("placement" not in k.lower(), "chunk" in k.lower(), k))
+    varying = [k for k in keys if len({d.get(k) for d in knobbed}) > 1] or keys
+    out = []
+    for d in parsed:
+        if d.get("knobs") == "-":
+            out.append("seed-like (no knobs)")
+            continue
+        out.append("/".join(plain_knob(d[k]) if "::" in d[k] else f"{plain_knob(k)} {d[k]}"
+                            for k in varying if k in d) or "(none)")
+    return out
 
 
 def failure_table(df: pd.DataFrame) -> pd.DataFrame:

@@ -398,6 +398,37 @@ def what_won(store: Store, run_id: int) -> Winner:
     return Winner(Note(text, badge), knobs, prog, baseline)
 
 
+def preset_of(workload_dir: str | Path, sizes: dict[str, int]) -> str | None:
+    """The name of the workload's size preset that resolves to `sizes` ("default" for the defaults), or None."""
+    wl = load_workload(workload_dir)
+    for name, params in {"default": {}, **wl.size_presets}.items():
+        if wl.resolve(params) == dict(sizes):
+            return name
+    return None
+
+
+def sweep_plan(choice: EvaluatorChoice, workload_dir: str | Path, *, world_size: int = 2, backend: str = "symm",
+               presets: Iterable[str] = ("small", "4096", "8192")) -> tuple[list[str], int, str, Note]:
+    """(presets, world size, backend, note) of a size sweep this evaluator can answer: the ones asked for, except
+    when replaying, where the recorded world size and backend with the most recorded presets are used."""
+    configs = getattr(choice.evaluator, "configs", None)
+    if choice.kind != "replay" or configs is None:
+        want = list(presets)
+        return want, world_size, backend, Note(f"sweep: {', '.join(want)} at {world_size} ranks, {backend}",
+                                               choice.badge)
+    by_world: dict[tuple[int, str], list[str]] = {}
+    for c in configs(str(Path(workload_dir).resolve())):
+        name = preset_of(workload_dir, c.sizes)
+        if name is not None and name not in by_world.setdefault((c.world_size, c.backend), []):
+            by_world[(c.world_size, c.backend)].append(name)
+    if not by_world:
+        return [], world_size, backend, Note("sweep: no size preset of this workload is recorded; nothing to "
+                                             "replay (a GPU measures any preset)", "replayed")
+    (ranks, bk), names = max(by_world.items(), key=lambda kv: (len(kv[1]), -kv[0][0]))
+    return names, ranks, bk, Note(f"sweep: the recorded presets {', '.join(names)} at {ranks} ranks, {bk} (only "
+                                  "recorded configurations have numbers here)", "replayed")
+
+
 def sweep(evaluator: Evaluator, workload_dir: str | Path, candidate: str, presets: Iterable[str], *,
           world_size: int, backend: str, iters: int = 20) -> Any:
     """Evaluate one candidate file of the workload at several size presets, one after another (this blocks:

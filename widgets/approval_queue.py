@@ -165,7 +165,8 @@ class ApprovalQueue(W.VBox):
         for prop in pending:
             pid = int(prop["id"])
             if pid not in self.rows:
-                parent = self.store.program(prop["parent_id"]) if prop.get("parent_id") else None
+                parent_id = prop.get("parent_id")
+                parent = self.store.program(int(parent_id)) if parent_id else None
                 self.rows[pid] = _Row({**prop, "parent_code": parent["code"] if parent else ""}, self.decide)
                 if self.disabled_reason:
                     self.rows[pid].freeze("not decided", self.disabled_reason)

@@ -13,10 +13,10 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from cuco_kit.report import cell_table, run_badge, run_frame, with_best_so_far
+from cuco_kit.report import cell_table, run_badge, run_frame, short_cells, with_best_so_far
 from cuco_kit.store import Store
 
-from ._common import badge_html, esc
+from ._common import badge_html, esc, fmt_ms
 
 _FAIL_SYMBOL = {"L0": "x", "L1": "x-thin", "L2": "triangle-down", "L3": "square-x"}
 
@@ -25,7 +25,7 @@ def _hover(row: pd.Series) -> str:
     parts = [f"#{row['program_id']} {esc(row['name'] or '')}", f"source: {esc(row['source'])}",
              f"verdict: {esc(row['verdict'])} at {esc(row['level_reached'])}"]
     if pd.notna(row["median_ms"]):
-        parts.append(f"median: {row['median_ms']:.3f} ms")
+        parts.append(f"median: {fmt_ms(row['median_ms'])}")
     if pd.notna(row["speedup"]):
         parts.append(f"speed-up vs seed: {row['speedup']:.2f}x")
     if row["verdict"] != "pass" and row["reason"]:
@@ -40,7 +40,8 @@ class _RunView(W.VBox):
         self.store, self.run_id = store, run_id
         self.badge = W.HTML()
         self.fig = go.FigureWidget()
-        self.fig.update_layout(height=360, margin=dict(l=40, r=10, t=30, b=30), title=self.title)
+        self.fig.update_layout(height=380, margin=dict(l=60, r=20, t=40, b=70), title=self.title,
+                               legend=dict(orientation="h", x=0, y=-0.18, yanchor="top"))
         super().__init__([self.badge, self.fig])
         self.refresh()
 
@@ -107,7 +108,8 @@ class LineageTree(_RunView):
                 x=[self.positions[int(p)][0] for p in ok["program_id"]],
                 y=[self.positions[int(p)][1] for p in ok["program_id"]], mode="markers",
                 marker=dict(size=12, color=sp, colorscale="RdYlGn", cmid=1.0, showscale=True,
-                            colorbar=dict(title="x seed")),
+                            colorbar=dict(title=dict(text="x seed", side="top"), x=1.02, len=0.8,
+                                          thickness=14, tickformat=".2f")),
                 customdata=ok["program_id"].tolist(), hovertext=[_hover(r) for _, r in ok.iterrows()],
                 hoverinfo="text", name="passed")
         if not bad.empty:
@@ -120,8 +122,8 @@ class LineageTree(_RunView):
                 hoverinfo="text", name="failed (symbol = level)")
         for trace in self.fig.data[1:]:
             trace.on_click(self._clicked)
-        self.fig.update_xaxes(title="generation")
-        self.fig.update_yaxes(showticklabels=False)
+        self.fig.update_xaxes(title="generation", dtick=1, tick0=0)  # generations are whole numbers
+        self.fig.update_yaxes(showticklabels=False, title="programs of a generation")
 
     def _clicked(self, trace: Any, points: Any, _selector: Any) -> None:
         for i in points.point_inds:
@@ -162,20 +164,25 @@ class LatencyPlot(_RunView):
                                    line=dict(dash="dash", color="#888"))
                 self.fig.add_annotation(xref="paper", x=1, yref="y", y=ms, text=esc(name), showarrow=False,
                                         xanchor="right", yanchor="bottom")
-        self.fig.update_xaxes(title="evaluations")
-        self.fig.update_yaxes(title="ms")
+        self.fig.update_xaxes(title="evaluations", rangemode="tozero")
+        self.fig.update_yaxes(title="median latency, slowest rank (ms)", tickformat=".3f")
 
 
 class DesignSpaceMap(W.VBox):
-    """Cells tried and the best latency in each, as a bar chart and a table."""
+    """The best latency per design-space cell, as horizontal bars labelled in plain words (the full cell key on
+    hover; the best `top` cells), and the whole table, rounded, in a collapsed section."""
 
-    def __init__(self, store: Store, run_id: int) -> None:
-        self.store, self.run_id = store, run_id
+    def __init__(self, store: Store, run_id: int, top: int = 15) -> None:
+        self.store, self.run_id, self.top = store, run_id, top
         self.badge = W.HTML()
         self.fig = go.FigureWidget()
-        self.fig.update_layout(height=300, margin=dict(l=40, r=10, t=30, b=120), title="Best latency per cell")
+        self.fig.update_layout(height=380, margin=dict(l=10, r=20, t=40, b=50),
+                               title=f"Best latency per design-space cell (best {top})")
         self.table = W.HTML()
-        super().__init__([self.badge, self.fig, self.table])
+        section = W.Accordion([self.table])
+        section.set_title(0, "all cells (table)")
+        section.selected_index = None
+        super().__init__([self.badge, self.fig, section])
         self.refresh()
 
     def refresh(self) -> None:
@@ -183,9 +190,23 @@ class DesignSpaceMap(W.VBox):
         self.badge.value = badge_html(badge, detail)
         cells = cell_table(run_frame(self.store, self.run_id))
         self.cells = cells
+        shown = cells[cells["best_ms"].notna()].head(self.top).iloc[::-1]  # best at the top
+        labels = short_cells(cells["cell"].tolist())
+        label_of = dict(zip(cells["cell"], labels))
         with self.fig.batch_update():
             self.fig.data = []
-            if not cells.empty:
-                self.fig.add_bar(x=[esc(c) for c in cells["cell"]], y=cells["best_ms"],
-                                 hovertext=[f"tried {t}, passed {p}" for t, p in zip(cells["tried"], cells["passed"])])
-        self.table.value = cells.to_html(index=False, escape=True, na_rep="-")
+            self.fig.layout.annotations = ()
+            if shown.empty:
+                self.fig.add_annotation(text="no cell has a passing measurement yet", showarrow=False,
+                                        xref="paper", yref="paper", x=0.5, y=0.5)
+            else:
+                self.fig.add_bar(
+                    orientation="h", y=[esc(label_of[c]) for c in shown["cell"]], x=shown["best_ms"],
+                    text=[fmt_ms(v) for v in shown["best_ms"]], textposition="auto",
+                    hovertext=[f"{esc(c)}<br>tried {t}, passed {p}" for c, t, p in
+                               zip(shown["cell"], shown["tried"], shown["passed"])], hoverinfo="text")
+            self.fig.update_xaxes(title="best median latency (ms)", tickformat=".3f")
+            self.fig.update_yaxes(automargin=True)
+        table = cells.assign(cell=labels, best_ms=cells["best_ms"].map(fmt_ms))
+        self.table.value = table.to_html(index=False, escape=True, na_rep="-", classes="cuco-table",
+                                         border=0)

@@ -5,8 +5,8 @@ against the workload's defaults when the workload can be loaded, so ``{}`` and t
 One evaluator can serve several stores (every recording of a folder). Only evaluations that finished with
 badge "real" are served: a simulated number never comes back as a measurement. A miss is verdict
 "unavailable" with a reason that starts "not in the replay database" and says which nearby configurations
-are recorded (`cuco_kit.evaluate.recordings`), never a made-up number. The served result keeps the stored provenance (GPU, driver, NCCL, MPS, date) and adds where it was
-replayed from.
+are recorded (`cuco_kit.evaluate.recordings`), never a made-up number. The served result keeps the stored
+provenance (GPU, driver, NCCL, MPS, date) and adds which recording it was replayed from.
 """
 from __future__ import annotations
 

@@ -202,7 +202,8 @@ class DesignSpaceSource:
         name = "knobs: " + ", ".join(f"{n} {old[n]}->{new[n]}" for n in changed)
         structural = [n for n in changed if any(w in n.lower() for w in _STRUCTURAL_WORDS)]
         tags = ["design_space"] + (["placement"] if structural else []) + [f"knob:{n}" for n in changed]
-        moves = ", ".join(f"{_short(n)} {_short(old[n])} -> {_short(new[n])}" for n in changed)
+        plain = markers.plain_knob
+        moves = ", ".join(f"{plain(n)} {plain(old[n])} -> {plain(new[n])}" for n in changed)
         rationale = (f"Try {moves} on program #{parent.id}: the {_SAMPLER_WORDS.get(self.last_sampler, 'sampler')} "
                      f"picked this point of the knob block after {lineage} measured sibling(s) "
                      f"({self.last_sampler}, trial {trial_no}).")
@@ -214,15 +215,6 @@ class DesignSpaceSource:
 _SAMPLER_WORDS = {"GPSampler": "Gaussian-process model of the measured points",
                   "TPESampler": "tree-structured Parzen estimator over the measured points",
                   "RandomSampler": "random sampler"}
-
-
-def _short(text: str) -> str:
-    """'Placement::kTwoStream' -> 'TwoStream', 'kChunks' -> 'chunks': knob names and values as a person says them."""
-    konst = text.startswith("k") and text[1:2].isupper()
-    if "::" in text:
-        tail = text.rsplit("::", 1)[-1]
-        return tail[1:] if tail.startswith("k") and tail[1:2].isupper() else tail
-    return text[1].lower() + text[2:] if konst else text
 
 
 class RandomKnobSource:
