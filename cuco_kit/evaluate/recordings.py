@@ -56,15 +56,16 @@ def _workload_name(workload_dir: str) -> str:
     return Path(str(workload_dir).rstrip("/")).name
 
 
-def _rows(path: Path) -> Iterable[tuple[str, int, str, dict[str, int], str]]:
-    """(workload, world, backend, request params, code hash) of every finished real evaluation in one store,
-    read with plain sqlite3 (no schema migration, nothing written)."""
+def _rows(path: Path, badges: tuple[str, ...]) -> Iterable[tuple[str, int, str, dict[str, int], str]]:
+    """(workload, world, backend, request params, code hash) of every finished evaluation badged one of
+    `badges` in one store, read with plain sqlite3 (no schema migration, nothing written)."""
     con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
+        marks = ", ".join("?" for _ in badges)
         cur = con.execute(
             "SELECT r.workload, e.world_size, e.backend, e.request, p.code_hash FROM evaluations e "
             "JOIN programs p ON p.id = e.program_id JOIN runs r ON r.id = e.run_id "
-            "WHERE e.status = 'done' AND e.badge = 'real'")
+            f"WHERE e.status = 'done' AND e.badge IN ({marks})", badges)
         for workload, world, backend, request, code_hash in cur:
             req = json.loads(request or "{}")
             name = _workload_name(req.get("workload_dir") or "") or str(workload or "")
@@ -76,13 +77,14 @@ def _rows(path: Path) -> Iterable[tuple[str, int, str, dict[str, int], str]]:
         con.close()
 
 
-def catalogue(paths: Iterable[str | Path], defaults: Mapping[str, Mapping[str, int]] | None = None
-              ) -> list[RecordedConfig]:
-    """Every recorded configuration in `paths`, most evaluations first. `defaults` maps a workload name to its
-    default sizes, so a request that left a size at its default and one that spelled it out are the same."""
+def catalogue(paths: Iterable[str | Path], defaults: Mapping[str, Mapping[str, int]] | None = None, *,
+              badges: tuple[str, ...] = ("real",)) -> list[RecordedConfig]:
+    """Every recorded configuration in `paths` (of evaluations badged one of `badges`), most evaluations first.
+    `defaults` maps a workload name to its default sizes, so a request that left a size at its default and one
+    that spelled it out are the same."""
     acc: dict[tuple[str, int, str, tuple[tuple[str, int], ...]], tuple[int, set[str], set[str]]] = {}
     for path in paths:
-        for name, world, backend, params, code_hash in _rows(Path(path)):
+        for name, world, backend, params, code_hash in _rows(Path(path), badges):
             full = {**dict((defaults or {}).get(name, {})), **params}
             key = (name, world, backend, tuple(full.items()))  # the workload's parameter order
             n, hashes, where = acc.get(key, (0, set(), set()))

@@ -88,7 +88,7 @@ class ReplayEvaluator:
         if key not in self._configs:
             name = Path(key.rstrip("/")).name
             defaults = self._defaults(key)
-            every = catalogue(self.paths, {name: defaults} if defaults else None)
+            every = catalogue(self.paths, {name: defaults} if defaults else None, badges=self.accept_badges)
             self._configs[key] = [c for c in every if c.workload == name]
         return self._configs[key]
 
