@@ -40,6 +40,7 @@ from cuco_kit.evaluate.device import MULTICAST_OFF
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 
 from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
 from cuco_kit.search.budget import BudgetConfig
@@ -234,8 +235,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         evaluator: Any = SimulatedEvaluator(seed=0)
     else:
-        from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-
         evaluator = GpuEvaluator(EvaluatorConfig(start_timeout_s=120.0))
     try:
         configs = record_configs(evaluator, dest, deadline - 30.0, iters=args.iters)
