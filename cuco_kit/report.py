@@ -61,6 +61,12 @@ def cell_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("best_ms", na_position="last").reset_index(drop=True)
 
 
+def cell_summary(df: pd.DataFrame, top: int = 8) -> pd.DataFrame:
+    """The best `top` cells for reading: cells in plain words (`short_cells`), milliseconds rounded."""
+    cells = cell_table(df).head(top)
+    return cells.assign(cell=short_cells(cells["cell"].tolist()), best_ms=cells["best_ms"].round(4))
+
+
 def short_cells(cells: list[str]) -> list[str]:
     """Cell keys ('backend=symm|kChunks=2|kPlacement=Placement::kSequential|...') as short labels that a plot axis
     can show: features every knob cell shares are dropped, knob values are said plainly, placement first

@@ -168,7 +168,7 @@ def recorded_run_info(path: str | Path, run_id: int | None = None) -> RecordedRu
         for e in evs:
             prov = e.get("provenance") or {}
             if prov.get("gpu"):
-                gpu, date = str(prov.get("gpu") or ""), str(prov.get("date") or "")
+                gpu, date = str(prov.get("gpu") or ""), str(prov.get("date") or "")[:10]
                 break
         return RecordedRun(Path(path), int(run_id), str(run.get("workload") or ""), gpu, date, len(evs))
 

@@ -127,7 +127,7 @@ if engine is not None:
     print(wb.end_search(engine))  # the dashboard stays, its controls off with the reason
 frame = report.run_frame(store, run_id)
 display(banner(wb.what_won(store, run_id).note))
-report.cell_table(frame).head(8).round(3)
+report.cell_summary(frame, top=8)
 """),
     md("""
 ### What failed and why

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
+import plotly.graph_objects as go
 
 from cuco_kit.badges import LABELS, detail_of, label
 
@@ -42,6 +43,23 @@ def badge_widget(badge: str, detail: str = "") -> W.HTML:
 def provenance_detail(prov: dict[str, Any] | None) -> str:
     """'NVIDIA H200, 2026-12-02' from an evaluation's provenance."""
     return detail_of(prov)
+
+
+def swap_figure(box: W.Box, old: W.Widget, fig: go.Figure) -> go.FigureWidget:
+    """Put a new FigureWidget holding `fig` where `old` is among `box`'s children (anywhere below it), close
+    `old` and return the new one. Its whole state travels as the widget's initial state, not as deltas."""
+    new = go.FigureWidget(fig)
+
+    def replace(node: W.Widget) -> bool:
+        kids = list(getattr(node, "children", ()))
+        if old in kids:
+            node.children = tuple(new if k is old else k for k in kids)
+            return True
+        return any(replace(k) for k in kids)
+
+    replace(box)
+    old.close()
+    return new
 
 
 def fmt_ms(ms: Any) -> str:

@@ -25,7 +25,6 @@ DecideFn = Callable[[int, str, "str | None"], str]
 SUMMARY_CHARS = 110
 HISTORY_ROWS = 12
 _ROW = W.Layout(align_items="center", width="100%")
-_SMALL = W.Layout(width="auto")
 
 
 def _outcome(store: Store, program_id: int | None) -> str:
@@ -52,10 +51,12 @@ class _Row(W.VBox):
                 f"<span style='color:#666'>({esc(proposal.get('source'))}) {esc(why[:SUMMARY_CHARS])}</span>")
         self.summary = W.HTML(line, layout=W.Layout(flex="1 1 auto", overflow="hidden", max_height="1.6em"))
         self.summary.tooltip = why
-        self.expand = W.ToggleButton(description="diff", icon="chevron-right", layout=_SMALL,
+        self.expand = W.ToggleButton(description="diff", icon="chevron-right", layout=W.Layout(width="70px"),
                                      tooltip="show the side-by-side diff (and Edit)")
-        self.approve = W.Button(description="Approve", button_style="success", icon="check", layout=_SMALL)
-        self.reject = W.Button(description="Reject", button_style="danger", icon="times", layout=_SMALL)
+        self.approve = W.Button(description="Approve", button_style="success", icon="check",
+                                layout=W.Layout(width="100px", flex="0 0 auto"))
+        self.reject = W.Button(description="Reject", button_style="danger", icon="times",
+                               layout=W.Layout(width="90px", flex="0 0 auto"))
         self.status = W.HTML("")
         self.verdict = ""  # what was decided here ("" while waiting)
         self.detail = W.VBox()
@@ -104,8 +105,8 @@ class ApprovalQueue(W.VBox):
         self.mode = W.ToggleButtons(options=[("manual", "manual"), ("automatic", "auto")], value=gate.mode,
                                     tooltips=["every proposal waits for you", "approve everything, now and later"],
                                     style={"button_width": "90px"})
-        self.approve_all = W.Button(description="Approve all", icon="check-double", layout=_SMALL)
-        self.reject_all = W.Button(description="Reject all", icon="ban", layout=_SMALL)
+        self.approve_all = W.Button(description="Approve all", icon="check-double", layout=W.Layout(width="120px"))
+        self.reject_all = W.Button(description="Reject all", icon="ban", layout=W.Layout(width="110px"))
         self.count = W.HTML()
         self.note = W.HTML()
         self.list = W.VBox(layout=W.Layout(max_height="360px", overflow="auto"))

@@ -16,7 +16,7 @@ import plotly.graph_objects as go
 
 from cuco_kit.teaching import overlap_bound
 
-from ._common import badge_html, esc, fmt_ms
+from ._common import badge_html, esc, fmt_ms, swap_figure
 
 FIG = dict(height=340, width=600, margin=dict(l=60, r=20, t=40, b=50))
 MAX_CHUNKS = 16
@@ -49,8 +49,8 @@ class ChunkExplorer(W.VBox):
         self.chunks = W.IntSlider(value=4, min=1, max=MAX_CHUNKS, description="chunks", continuous_update=False)
         self.ratio = W.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="comm/compute",
                                       continuous_update=False, readout_format=".2f")
-        self.model_fig = go.FigureWidget(layout=dict(**FIG, title="Model: step time vs sequential"))
-        self.measured_fig = go.FigureWidget(layout=dict(**FIG, title="Measured: median latency"))
+        self.model_fig = go.FigureWidget()
+        self.measured_fig = go.FigureWidget()
         self.summary = W.HTML()
         for w in (self.config, self.chunks, self.ratio):
             w.observe(lambda _: self.redraw(), names="value")
@@ -67,52 +67,47 @@ class ChunkExplorer(W.VBox):
         k, ratio = int(self.chunks.value), float(self.ratio.value)
         xs = list(range(1, MAX_CHUNKS + 1))
         rel = [overlap_bound(1.0, ratio, n)["pipelined_ms"] / (1.0 + ratio) for n in xs]
-        with self.model_fig.batch_update():
-            self.model_fig.data = []
-            self.model_fig.add_scatter(x=xs, y=rel, mode="lines+markers", name="pipelined",
-                                       hovertemplate="%{x} chunks: %{y:.2f} of sequential<extra></extra>")
-            self.model_fig.add_scatter(x=[k], y=[rel[k - 1]], mode="markers", name=f"{k} chunks",
-                                       marker=dict(size=14, color="#d62728"))
-            self.model_fig.update_xaxes(title="chunks", dtick=1)
-            self.model_fig.update_yaxes(title="time / sequential", range=[0.4, 1.05], tickformat=".0%")
-            self.model_fig.update_layout(legend=dict(orientation="h", y=-0.25))
+        model = go.Figure(layout=dict(**FIG, title="Model: step time vs sequential"))
+        model.add_scatter(x=xs, y=rel, mode="lines+markers", name="pipelined",
+                          hovertemplate="%{x} chunks: %{y:.2f} of sequential<extra></extra>")
+        model.add_scatter(x=[k], y=[rel[k - 1]], mode="markers", name=f"{k} chunks",
+                          marker=dict(size=14, color="#d62728"))
+        model.update_xaxes(title="chunks", dtick=1)
+        model.update_yaxes(title="time / sequential", range=[0.4, 1.05], tickformat=".0%")
+        model.update_layout(legend=dict(orientation="h", y=-0.25))
         text = f"model at {k} chunks, comm/compute {ratio:.2f}: {rel[k - 1]:.0%} of the sequential time"
-        with self.measured_fig.batch_update():
-            self.measured_fig.data = []
-            self.measured_fig.layout.shapes = ()
-            self.measured_fig.layout.annotations = ()
-            if self.config.value is not None:
-                p, w, b = self.config.value
-                sel = self.rows[(self.rows["preset"].astype(str) == p) & (self.rows["world"] == w)
-                                & (self.rows["backend"] == b)]
-                for placement, g in sel.groupby("placement"):
-                    best = g.groupby("chunks")["median_ms"].min().sort_index()
-                    self.measured_fig.add_scatter(
-                        x=best.index.tolist(), y=best.tolist(), mode="lines+markers", name=esc(placement),
-                        hovertemplate="%{x} chunks: %{y:.3f} ms<extra>" + esc(placement) + "</extra>")
-                seed = self.all[(self.all["preset"].astype(str) == p) & (self.all["world"] == w)
-                                & (self.all["backend"] == b) & (self.all["name"] == "seed_nccl.cu")]
-                if not seed.empty:
-                    ms = float(seed["median_ms"].min())
-                    self.measured_fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ms, y1=ms,
-                                                line=dict(dash="dash", color="#888"))
-                    self.measured_fig.add_annotation(xref="paper", x=1, yref="y", y=ms, showarrow=False,
-                                                     text=f"host-NCCL seed {ms:.3f} ms", xanchor="right",
-                                                     yanchor="bottom")
-                at_k = sel[sel["chunks"] == k]
-                if not at_k.empty:
-                    self.measured_fig.add_scatter(x=at_k["chunks"], y=at_k["median_ms"], mode="markers",
-                                                  name=f"{k} chunks", marker=dict(size=13, color="#d62728",
-                                                                                  symbol="circle-open"))
-                    text += (f"; measured at {k} chunks ({esc(p)}, {w} rank(s)): best "
-                             f"{fmt_ms(at_k['median_ms'].min())}, worst {fmt_ms(at_k['median_ms'].max())}")
-                elif not sel.empty:
-                    text += f"; no measured variant has {k} chunks (measured: " + \
-                        ", ".join(str(c) for c in sorted(sel["chunks"].unique())) + ")"
-            self.measured_fig.update_xaxes(title="chunks", type="log",
-                                           tickvals=[1, 2, 4, 8, 16])
-            self.measured_fig.update_yaxes(title="median latency (ms)", tickformat=".3f")
-            self.measured_fig.update_layout(legend=dict(orientation="h", y=-0.25))
+        measured = go.Figure(layout=dict(**FIG, title="Measured: median latency"))
+        if self.config.value is not None:
+            p, w, b = self.config.value
+            sel = self.rows[(self.rows["preset"].astype(str) == p) & (self.rows["world"] == w)
+                            & (self.rows["backend"] == b)]
+            for placement, g in sel.groupby("placement"):
+                best = g.groupby("chunks")["median_ms"].min().sort_index()
+                measured.add_scatter(
+                    x=best.index.tolist(), y=best.tolist(), mode="lines+markers", name=esc(placement),
+                    hovertemplate="%{x} chunks: %{y:.3f} ms<extra>" + esc(placement) + "</extra>")
+            seed = self.all[(self.all["preset"].astype(str) == p) & (self.all["world"] == w)
+                            & (self.all["backend"] == b) & (self.all["name"] == "seed_nccl.cu")]
+            if not seed.empty:
+                ms = float(seed["median_ms"].min())
+                measured.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ms, y1=ms,
+                                   line=dict(dash="dash", color="#888"))
+                measured.add_annotation(xref="paper", x=1, yref="y", y=ms, showarrow=False,
+                                        text=f"host-NCCL seed {ms:.3f} ms", xanchor="right", yanchor="bottom")
+            at_k = sel[sel["chunks"] == k]
+            if not at_k.empty:
+                measured.add_scatter(x=at_k["chunks"], y=at_k["median_ms"], mode="markers", name=f"{k} chunks",
+                                     marker=dict(size=13, color="#d62728", symbol="circle-open"))
+                text += (f"; measured at {k} chunks ({esc(p)}, {w} rank(s)): best "
+                         f"{fmt_ms(at_k['median_ms'].min())}, worst {fmt_ms(at_k['median_ms'].max())}")
+            elif not sel.empty:
+                text += f"; no measured variant has {k} chunks (measured: " + \
+                    ", ".join(str(c) for c in sorted(sel["chunks"].unique())) + ")"
+        measured.update_xaxes(title="chunks", type="log", tickvals=[1, 2, 4, 8, 16])
+        measured.update_yaxes(title="median latency (ms)", tickformat=".3f")
+        measured.update_layout(legend=dict(orientation="h", y=-0.25))
+        self.model_fig = swap_figure(self, self.model_fig, model)
+        self.measured_fig = swap_figure(self, self.measured_fig, measured)
         self.summary.value = esc(text)
 
     def state(self) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from cuco_kit.workload import load_workload
 from ._common import Throttle, badge_html, esc, fmt_ms, provenance_detail
 from .views import TimelineView
 
+REASON_CHARS = 60
+
 
 class EvalCell(W.VBox):
     def __init__(self, evaluator: Evaluator, workload_dir: str | Path, *, candidates: dict[str, str] | None = None,
@@ -167,7 +169,9 @@ class EvalCell(W.VBox):
         for col in ("median_ms", "spread_ms", "seed_ms"):
             df[col] = df[col].map(fmt_ms)
         df["speedup"] = df["speedup"].map(lambda x: "-" if x is None or x != x else f"{x:.2f}x")
-        return df.to_html(index=False, escape=True, na_rep="-")
+        df["reason"] = df["reason"].map(lambda r: (str(r)[:REASON_CHARS] + "...") if len(str(r)) > REASON_CHARS
+                                        else r)  # the whole reason is in the log above
+        return df.drop(columns=["flagged", "gpu"]).to_html(index=False, escape=True, na_rep="-", border=0)
 
     def frame(self, rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
         return pd.DataFrame(self.results if rows is None else rows)
