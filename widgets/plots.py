@@ -4,7 +4,8 @@ Each view reads the store through cuco_kit.report and redraws in `refresh()`; Ru
 throttled updater (about once a second), never per event. A redraw builds a whole new figure and swaps in a
 new FigureWidget holding it (only when the figure changed): a widget's initial state is synced with the model,
 while incremental deltas are one-shot messages that a front end still loading plotly's module drops, after
-which every later delta fails and the plot stays blank.
+which every later delta fails and the plot stays blank; and a NaN anywhere in a widget message (a latency not
+measured) makes Jupyter drop the message, so the figure goes out as strict JSON (`figure_widget`).
 """
 from __future__ import annotations
 

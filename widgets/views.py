@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from cuco_kit.report import failure_table
 from cuco_kit.store import Store
 
-from ._common import badge_html, esc
+from ._common import badge_html, esc, figure_widget
 
 _KIND_COLOUR = {"collective": "#d62728", "p2p": "#ff7f0e", "kernel": "#1f77b4", "blas": "#2ca02c",
                 "copy": "#9467bd"}
@@ -67,7 +67,7 @@ class AnalysisView(W.VBox):
         for i, t in enumerate(["communication", "launches", "kernels", "buffers", "dependencies"]):
             tabs.set_title(i, t)
         self.tabs = tabs
-        self.fig = go.FigureWidget(fig)  # built whole: its state travels as the initial state
+        self.fig = figure_widget(fig)  # built whole: its state travels as the initial state
         super().__init__([W.HTML(f"<b>{esc(data.get('filename', ''))}</b>"), self.fig, tabs])
 
 
@@ -96,7 +96,7 @@ class TimelineView(W.VBox):
         if not ev:
             fig.add_annotation(text="no kernel events in this timeline", showarrow=False, xref="paper",
                                     yref="paper", x=0.5, y=0.5)
-        self.fig = go.FigureWidget(fig)  # built whole: its state travels as the initial state
+        self.fig = figure_widget(fig)  # built whole: its state travels as the initial state
         super().__init__([W.HTML(badge_html(badge, detail)), self.fig])
 
 
