@@ -8,6 +8,7 @@ running the dashboard cell again stops the search it replaces. Screenshots: test
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -78,7 +79,8 @@ def test_02_search_queue_stop_and_rerun(lab: Any):
     page = lab.open("02_search.ipynb")
     try:
         lab.run_all(page)
-        approve = page.locator(".jp-OutputArea button", has_text="Approve").first
+        # A row's own Approve, not "Approve all" (which comes first in the page)
+        approve = page.locator(".jp-OutputArea button").filter(has_text=re.compile(r"^\s*Approve\s*$")).first
         approve.wait_for(state="visible", timeout=120_000)
         # The plots are checked last (after the controls), so one Run All checks everything this test names.
         try:
