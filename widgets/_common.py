@@ -1,23 +1,25 @@
 """Pieces every widget shares: escaping, the data badge, and throttled updates from worker threads."""
 from __future__ import annotations
 
+import base64
 import html
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
 
-BADGE_STYLE = {
-    "real": ("#1b5e20", "real GPU measurement"),
-    "replayed": ("#0d47a1", "replayed"),
-    "simulated": ("#b71c1c", "SIMULATED"),
-    "unmeasured": ("#5d4037", "UNMEASURED (checked and built, no GPU here to run it)"),
-    "model": ("#6a1b9a", "MODEL (formula, not measured)"),
-    "fixture": ("#6a1b9a", "FIXTURE (recorded answer, not a live model)"),
-    "info": ("#37474f", "info"),
-}
+from cuco_kit.badges import LABELS, detail_of, label
+
+_COLOURS = {"real": "#1b5e20", "replayed": "#0d47a1", "simulated": "#b71c1c", "unmeasured": "#5d4037",
+            "model": "#6a1b9a", "fixture": "#6a1b9a"}
+# badge -> (colour, label); the labels are cuco_kit.badges', so a widget says what the CLI and the banners say
+BADGE_STYLE = {**{b: (c, LABELS[b]) for b, c in _COLOURS.items()}, "info": ("#37474f", "info"),
+               "error": ("#b71c1c", "error")}
 
 
 def esc(text: Any) -> str:
@@ -31,13 +33,10 @@ def badge_colour(badge: str) -> str:
 
 
 def badge_html(badge: str, detail: str = "") -> str:
-    colour, label = BADGE_STYLE.get(badge, ("#555", badge or "unknown"))
-    if badge == "replayed" and detail:
-        label = f"replayed: {detail}"
-    elif detail and badge not in ("simulated", "model"):  # their label already says what they are
-        label = f"{label} ({detail})"
-    return (f'<span class="cuco-badge" style="background:{colour};color:white;padding:1px 6px;'
-            f'border-radius:3px;font-size:11px">{esc(label)}</span>')
+    colour = BADGE_STYLE.get(badge, ("#555", ""))[0]
+    text = label(badge, detail) if badge in LABELS else (f"{badge} ({detail})" if detail else badge or "unknown")
+    return (f'<span class="cuco-badge" data-badge="{esc(badge)}" style="background:{colour};color:white;'
+            f'padding:1px 6px;border-radius:3px;font-size:11px">{esc(text)}</span>')
 
 
 def badge_widget(badge: str, detail: str = "") -> W.HTML:
@@ -46,10 +45,56 @@ def badge_widget(badge: str, detail: str = "") -> W.HTML:
 
 def provenance_detail(prov: dict[str, Any] | None) -> str:
     """'NVIDIA H200, 2026-12-02' from an evaluation's provenance."""
-    if not prov:
-        return ""
-    parts = [str(prov.get(k)) for k in ("gpu", "date") if prov.get(k)]
-    return ", ".join(parts)
+    return detail_of(prov)
+
+
+def _strict(obj: Any) -> Any:
+    """`obj` with arrays (plotly's base64 typed arrays too) as lists and every NaN or infinity as None."""
+    if isinstance(obj, dict) and set(obj) >= {"dtype", "bdata"}:
+        arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+        shape = obj.get("shape")
+        if isinstance(shape, str):
+            shape = tuple(int(n) for n in shape.split(","))
+        return _strict(arr.reshape(shape) if shape else arr)
+    if isinstance(obj, dict):
+        return {k: _strict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) or hasattr(obj, "tolist"):
+        items = obj.tolist() if hasattr(obj, "tolist") else obj
+        return [_strict(v) for v in items] if isinstance(items, list) else _strict(items)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+def figure_widget(fig: go.Figure) -> go.FigureWidget:
+    """A FigureWidget of `fig` whose state is strict JSON: a NaN in a widget message (a latency that was not
+    measured) makes Jupyter drop the whole message, and the plot stays blank."""
+    return go.FigureWidget(_strict(fig.to_dict()))
+
+
+def swap_figure(box: W.Box, old: W.Widget, fig: go.Figure) -> go.FigureWidget:
+    """Put a new FigureWidget holding `fig` where `old` is among `box`'s children (anywhere below it), close
+    `old` and return the new one. Its whole state travels as the widget's initial state, not as deltas."""
+    new = figure_widget(fig)
+
+    def replace(node: W.Widget) -> bool:
+        kids = list(getattr(node, "children", ()))
+        if old in kids:
+            node.children = tuple(new if k is old else k for k in kids)
+            return True
+        return any(replace(k) for k in kids)
+
+    replace(box)
+    old.close()
+    return new
+
+
+def fmt_ms(ms: Any) -> str:
+    """A latency with its unit, rounded for reading: '0.304 ms', '12.4 us', '-' when there is none."""
+    if ms is None or ms != ms:  # None or NaN
+        return "-"
+    ms = float(ms)
+    return f"{ms * 1000:.1f} us" if abs(ms) < 0.1 else f"{ms:.3f} ms" if abs(ms) < 100 else f"{ms:,.0f} ms"
 
 
 class Throttle:

@@ -213,9 +213,13 @@ def test_eval_cell_returns_at_once_and_tabulates(repo_root):
 class _FakeGate:
     def __init__(self) -> None:
         self.decisions: list[tuple] = []
+        self.mode = "manual"
 
     def decide(self, proposal_id, decision, code=None):
         self.decisions.append((proposal_id, decision, code))
+
+    def set_mode(self, mode):
+        self.mode = mode
 
 
 class _FakeEngine:
@@ -240,10 +244,12 @@ def test_run_dashboard_queue_buttons_and_throttle(run_store):
                           code="int b;\n")
     eng = _FakeEngine(st, rid)
     dash = RunDashboard(eng, interval=0.2)
-    assert len(dash.queue.children) == 1
-    dash.queue.children[0].approve.click()
+    assert len(dash.queue.list.children) == 1 and EVIL not in dash.queue.list.children[0].summary.value
+    dash.queue.list.children[0].approve.click()
     assert eng.gate.decisions == [(pid, "approved", None)]
     dash.pause_b.click()
+    eng.state = "paused"
+    dash._refresh.flush()
     dash.resume_b.click()
     dash.stop_b.click()
     assert eng.calls == ["pause", "resume", "stop"]
