@@ -1,17 +1,13 @@
 """Pieces every widget shares: escaping, the data badge, and throttled updates from worker threads."""
 from __future__ import annotations
 
-import base64
 import html
-import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as W
-import numpy as np
-import plotly.graph_objects as go
 
 from cuco_kit.badges import LABELS, detail_of, label
 
@@ -46,47 +42,6 @@ def badge_widget(badge: str, detail: str = "") -> W.HTML:
 def provenance_detail(prov: dict[str, Any] | None) -> str:
     """'NVIDIA H200, 2026-12-02' from an evaluation's provenance."""
     return detail_of(prov)
-
-
-def _strict(obj: Any) -> Any:
-    """`obj` with arrays (plotly's base64 typed arrays too) as lists and every NaN or infinity as None."""
-    if isinstance(obj, dict) and set(obj) >= {"dtype", "bdata"}:
-        arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-        shape = obj.get("shape")
-        if isinstance(shape, str):
-            shape = tuple(int(n) for n in shape.split(","))
-        return _strict(arr.reshape(shape) if shape else arr)
-    if isinstance(obj, dict):
-        return {k: _strict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)) or hasattr(obj, "tolist"):
-        items = obj.tolist() if hasattr(obj, "tolist") else obj
-        return [_strict(v) for v in items] if isinstance(items, list) else _strict(items)
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return obj
-
-
-def figure_widget(fig: go.Figure) -> go.FigureWidget:
-    """A FigureWidget of `fig` whose state is strict JSON: a NaN in a widget message (a latency that was not
-    measured) makes Jupyter drop the whole message, and the plot stays blank."""
-    return go.FigureWidget(_strict(fig.to_dict()))
-
-
-def swap_figure(box: W.Box, old: W.Widget, fig: go.Figure) -> go.FigureWidget:
-    """Put a new FigureWidget holding `fig` where `old` is among `box`'s children (anywhere below it), close
-    `old` and return the new one. Its whole state travels as the widget's initial state, not as deltas."""
-    new = figure_widget(fig)
-
-    def replace(node: W.Widget) -> bool:
-        kids = list(getattr(node, "children", ()))
-        if old in kids:
-            node.children = tuple(new if k is old else k for k in kids)
-            return True
-        return any(replace(k) for k in kids)
-
-    replace(box)
-    old.close()
-    return new
 
 
 def fmt_ms(ms: Any) -> str:

@@ -16,7 +16,8 @@ import plotly.graph_objects as go
 
 from cuco_kit.teaching import overlap_bound
 
-from ._common import badge_html, esc, fmt_ms, swap_figure
+from ._common import badge_html, esc, fmt_ms
+from .figure_box import FigureBox
 
 FIG = dict(height=340, width=600, margin=dict(l=60, r=20, t=40, b=50))
 MAX_CHUNKS = 16
@@ -49,8 +50,8 @@ class ChunkExplorer(W.VBox):
         self.chunks = W.IntSlider(value=4, min=1, max=MAX_CHUNKS, description="chunks", continuous_update=False)
         self.ratio = W.FloatLogSlider(value=1.0, base=2, min=-2, max=2, step=0.25, description="comm/compute",
                                       continuous_update=False, readout_format=".2f")
-        self.model_fig = go.FigureWidget()
-        self.measured_fig = go.FigureWidget()
+        self.model_fig = FigureBox()
+        self.measured_fig = FigureBox()
         self.summary = W.HTML()
         for w in (self.config, self.chunks, self.ratio):
             w.observe(lambda _: self.redraw(), names="value")
@@ -106,8 +107,8 @@ class ChunkExplorer(W.VBox):
         measured.update_xaxes(title="chunks", type="log", tickvals=[1, 2, 4, 8, 16])
         measured.update_yaxes(title="median latency (ms)", tickformat=".3f")
         measured.update_layout(legend=dict(orientation="h", y=-0.25))
-        self.model_fig = swap_figure(self, self.model_fig, model)
-        self.measured_fig = swap_figure(self, self.measured_fig, measured)
+        self.model_fig.show(model)
+        self.measured_fig.show(measured)
         self.summary.value = esc(text)
 
     def state(self) -> dict[str, Any]:

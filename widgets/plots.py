@@ -1,11 +1,9 @@
 """Live plotly views of a run: LineageTree, LatencyPlot, DesignSpaceMap.
 
 Each view reads the store through cuco_kit.report and redraws in `refresh()`; RunDashboard calls refresh from its
-throttled updater (about once a second), never per event. A redraw builds a whole new figure and swaps in a
-new FigureWidget holding it (only when the figure changed): a widget's initial state is synced with the model,
-while incremental deltas are one-shot messages that a front end still loading plotly's module drops, after
-which every later delta fails and the plot stays blank; and a NaN anywhere in a widget message (a latency not
-measured) makes Jupyter drop the message, so the figure goes out as strict JSON (`figure_widget`).
+throttled updater (about once a second), never per event. A redraw builds a whole new figure and shows it in a
+FigureBox (widgets/figure_box.py: the whole figure in one message, only when it changed; why not plotly's
+FigureWidget is said there). A lineage node's details open from the "program" menu above the tree.
 """
 from __future__ import annotations
 
@@ -20,8 +18,10 @@ import plotly.graph_objects as go
 from cuco_kit.report import cell_table, ratio_text, run_badge, run_frame, short_cells, with_best_so_far
 from cuco_kit.store import Store
 
-from ._common import badge_html, esc, fmt_ms, swap_figure
+from ._common import badge_html, esc, fmt_ms
+from .figure_box import FigureBox
 
+NO_PROGRAM = "choose a program to see its diff and numbers"
 _FAIL_SYMBOL = {"L0": "x", "L1": "x-thin", "L2": "triangle-down", "L3": "square-x"}
 
 
@@ -46,8 +46,7 @@ class _RunView(W.VBox):
     def __init__(self, store: Store, run_id: int) -> None:
         self.store, self.run_id = store, run_id
         self.badge = W.HTML()
-        self.fig = go.FigureWidget()
-        self._shown = ""
+        self.fig = FigureBox()
         super().__init__([self.badge, self.fig])
         self.refresh()
 
@@ -60,29 +59,28 @@ class _RunView(W.VBox):
         fig = go.Figure(layout=dict(height=380, margin=dict(l=60, r=20, t=40, b=70), title=self.title,
                                     legend=dict(orientation="h", x=0, y=-0.18, yanchor="top")))
         self._draw(fig, self.frame())
-        spec = fig.to_json()
-        if spec != self._shown:
-            self._shown = spec
-            self.fig = swap_figure(self, self.fig, fig)
-            self._wire(self.fig)
+        self.fig.show(fig)
 
     def _draw(self, fig: go.Figure, df: pd.DataFrame) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def _wire(self, fig: go.FigureWidget) -> None:
-        """Attach event handlers to a freshly swapped-in figure (none by default)."""
-
 
 class LineageTree(_RunView):
     """Programs by generation; edges parent -> child; colour = speed-up vs the seed; failures marked by level.
-    Clicking a node calls every `on_select` callback with the program id."""
+    Choosing a program in the menu above the tree (its hover names each node's id) calls every `on_select`
+    callback with the program id."""
 
     title = "Lineage (colour: speed-up vs seed)"
 
     def __init__(self, store: Store, run_id: int) -> None:
         self._select_callbacks: list[Callable[[int], None]] = []
         self.positions: dict[int, tuple[float, float]] = {}
+        self._quiet = False
+        self.picker = W.Dropdown(options=[(NO_PROGRAM, None)], value=None, description="program",
+                                 layout=W.Layout(width="420px"))
+        self.picker.observe(self._picked, names="value")
         super().__init__(store, run_id)
+        self.children = (self.badge, self.picker, self.fig)
 
     def on_select(self, fn: Callable[[int], None]) -> None:
         self._select_callbacks.append(fn)
@@ -105,6 +103,7 @@ class LineageTree(_RunView):
             return
         last = df.drop_duplicates("program_id", keep="last")
         self._layout(df)
+        self._programs(last)
         ex, ey = [], []
         for _, row in last.iterrows():
             for parent in (row["parent_id"], row["second_parent_id"]):
@@ -146,13 +145,23 @@ class LineageTree(_RunView):
         fig.update_xaxes(title="generation", dtick=1, tick0=0)  # generations are whole numbers
         fig.update_yaxes(showticklabels=False, title="programs of a generation")
 
-    def _wire(self, fig: go.FigureWidget) -> None:
-        for trace in fig.data[1:]:
-            trace.on_click(self._clicked)
+    def _programs(self, last: pd.DataFrame) -> None:
+        """The menu lists every program drawn, keeping the one chosen; setting it selects nothing."""
+        options = [(NO_PROGRAM, None)] + [
+            (f"#{int(r['program_id'])} {str(r['name'] or '')[:48]} ({r['verdict'] or r['status']})",
+             int(r["program_id"])) for _, r in last.sort_values("program_id").iterrows()]
+        if options != list(self.picker.options):
+            chosen = self.picker.value
+            self._quiet = True
+            try:
+                self.picker.options = options
+                self.picker.value = chosen if chosen in {v for _, v in options} else None
+            finally:
+                self._quiet = False
 
-    def _clicked(self, trace: Any, points: Any, _selector: Any) -> None:
-        for i in points.point_inds:
-            self.select(int(trace.customdata[i]))
+    def _picked(self, change: dict[str, Any]) -> None:
+        if change["new"] is not None and not self._quiet:
+            self.select(int(change["new"]))
 
 
 class LatencyPlot(_RunView):
@@ -197,8 +206,7 @@ class DesignSpaceMap(W.VBox):
     def __init__(self, store: Store, run_id: int, top: int = 15) -> None:
         self.store, self.run_id, self.top = store, run_id, top
         self.badge = W.HTML()
-        self.fig = go.FigureWidget()
-        self._shown = ""
+        self.fig = FigureBox()
         self.table = W.HTML()
         section = W.Accordion([self.table])
         section.set_title(0, "all cells (table)")
@@ -227,10 +235,7 @@ class DesignSpaceMap(W.VBox):
                            zip(shown["cell"], shown["tried"], shown["passed"])], hoverinfo="text")
         fig.update_xaxes(title="best median latency (ms)", tickformat=".3f")
         fig.update_yaxes(automargin=True)
-        spec = fig.to_json()
-        if spec != self._shown:
-            self._shown = spec
-            self.fig = swap_figure(self, self.fig, fig)
+        self.fig.show(fig)
         table = cells.assign(cell=labels, best_ms=cells["best_ms"].map(fmt_ms))
         self.table.value = table.to_html(index=False, escape=True, na_rep="-", classes="cuco-table",
                                          border=0)

@@ -14,7 +14,8 @@ from cuco_kit.search.model_stats import model_roles
 from cuco_kit.search.population import Population
 from cuco_kit.store import Store
 
-from ._common import badge_html, esc, figure_widget
+from ._common import badge_html, esc
+from .figure_box import FigureBox
 
 _KIND_COLOUR = {"collective": "#d62728", "p2p": "#ff7f0e", "kernel": "#1f77b4", "blas": "#2ca02c",
                 "copy": "#9467bd"}
@@ -69,7 +70,7 @@ class AnalysisView(W.VBox):
         for i, t in enumerate(["communication", "launches", "kernels", "buffers", "dependencies"]):
             tabs.set_title(i, t)
         self.tabs = tabs
-        self.fig = figure_widget(fig)  # built whole: its state travels as the initial state
+        self.fig = FigureBox(fig)
         super().__init__([W.HTML(f"<b>{esc(data.get('filename', ''))}</b>"), self.fig, tabs])
 
 
@@ -98,7 +99,7 @@ class TimelineView(W.VBox):
         if not ev:
             fig.add_annotation(text="no kernel events in this timeline", showarrow=False, xref="paper",
                                     yref="paper", x=0.5, y=0.5)
-        self.fig = figure_widget(fig)  # built whole: its state travels as the initial state
+        self.fig = FigureBox(fig)
         super().__init__([W.HTML(badge_html(badge, detail)), self.fig])
 
 

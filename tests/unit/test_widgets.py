@@ -1,6 +1,8 @@
 """Widget state without a browser: clicks, trait changes and queue decisions."""
 from __future__ import annotations
 
+import json
+
 import threading
 import time
 from types import SimpleNamespace
@@ -122,11 +124,13 @@ def test_lineage_latency_cells_from_store(run_store):
     assert "SIMULATED" in tree.badge.value
     picked = []
     tree.on_select(picked.append)
-    from plotly.callbacks import InputDeviceState, Points
-
-    passed._dispatch_on_click(Points(point_inds=[0], xs=[], ys=[], trace_name="passed", trace_index=1),
-                              InputDeviceState())
+    assert {v for _, v in tree.picker.options} == {None, *kids}  # every program evaluated
+    tree.refresh()  # a redraw keeps the menu and selects nothing
+    assert picked == [] and tree.picker.value is None
+    tree.picker.value = passed.customdata[0]
     assert picked == [passed.customdata[0]]
+    shown = tree.fig.outputs[0]["data"]["application/vnd.plotly.v1+json"]  # strict JSON, as the browser gets it
+    assert shown["layout"]["title"]["text"].startswith("Lineage") and json.dumps(shown, allow_nan=False)
 
     lat = LatencyPlot(st, rid, baselines={"cuBLAS alone": 0.9})
     best = [t for t in lat.fig.data if t.name == "best so far"][0]
