@@ -60,7 +60,7 @@ class Throttle:
     def __init__(self, fn: Callable[[], None], interval: float = 1.0) -> None:
         self._fn = fn
         self._interval = interval
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # `fn` may mark work dirty again (a widget it redraws calls back): no deadlock
         self._last = 0.0
         self._timer: threading.Timer | None = None
         self.calls = 0

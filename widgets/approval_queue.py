@@ -152,8 +152,8 @@ class ApprovalQueue(W.VBox):
         return n
 
     def _set_mode(self, mode: str) -> None:
-        if self.disabled_reason:
-            return
+        if self.disabled_reason or mode == self.gate.mode:
+            return  # off, or `refresh` showing a mode set elsewhere (the smoke run's auto-approve)
         self.gate.set_mode(mode)
         self.note.value = ("<i>automatic: every proposal is approved as it comes</i>" if mode == "auto"
                            else "<i>manual: every proposal waits for your decision</i>")

@@ -3,6 +3,8 @@ again stops the search it replaces, and the approval queue scales (one line each
 switch, a history with outcomes)."""
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from cuco_kit.events import EventBus
@@ -113,3 +115,17 @@ def test_queue_is_collapsed_bulk_decides_switches_mode_and_keeps_history(run):
     _propose(st, rid, seed, gate, 1)
     q.mode.value = "auto"
     assert gate.mode == "auto" and gate.pending_ids() == []  # automatic approves what waits
+
+
+def test_a_mode_set_elsewhere_is_shown_without_a_deadlock(run):
+    # The smoke run sets the gate to "auto" from a cell while the search thread redraws the dashboard: showing
+    # that mode must not call back into the redraw that is running (it once hung Run All of 02_search).
+    st, rid, seed = run
+    eng = _Engine(st, rid)
+    dash = RunDashboard(eng, interval=0.05)
+    eng.gate.set_mode("auto")
+    done = threading.Event()
+    threading.Thread(target=lambda: (dash._refresh.flush(), done.set()), daemon=True).start()
+    assert done.wait(5), "the redraw hung"
+    assert dash.queue.mode.value == "auto"
+    dash.close()
