@@ -93,7 +93,9 @@ class Lab:
         self.js_errors: list[str] = []
         page.on("pageerror", lambda e: self.js_errors.append(str(e)[:300]))
         page.on("console", lambda m: self.js_errors.append(m.text[:300]) if m.type == "error" else None)
-        page.goto(f"{self.base}/lab/tree/{notebook}?token={self.token}")
+        # ?reset: an empty workspace. Without it JupyterLab reopens the notebooks of earlier tests, and Run All
+        # goes to whichever of them its tracker calls current, not to this one.
+        page.goto(f"{self.base}/lab/tree/{notebook}?reset&token={self.token}")
         page.wait_for_function(KERNEL_IDLE_JS, timeout=120_000)
         return page
 
