@@ -45,6 +45,16 @@ CONTROLS_JS = """() => {
     .filter(b => names.has(b.innerText.trim()))
     .map(b => ({name: b.innerText.trim(), disabled: b.disabled, title: b.title || ''}));
 }"""
+# The options of the notebook's dropdown labelled `label`, as shown.
+OPTIONS_JS = """(label) => {
+  for (const d of document.querySelectorAll('.jp-OutputArea .widget-dropdown')) {
+    const l = d.querySelector('label');
+    if (l && l.innerText.trim() === label) {
+      return Array.from(d.querySelectorAll('option')).map(o => o.innerText.replace(/\u00a0/g, ' ').trim());
+    }
+  }
+  return null;
+}"""
 RUN_CELL_WITH_JS = """(needle) => {
   const w = window.jupyterapp.shell.currentWidget;
   const i = w.content.widgets.findIndex(c => c.model.sharedModel.getSource().includes(needle));
@@ -58,6 +68,18 @@ def _no_real_badges(page: Any) -> list[str]:
     badges = page.evaluate(BADGES_JS)
     assert "real" not in badges, f"a number claims to be measured on this machine, which has no GPU: {badges}"
     return badges
+
+
+def _settled_pending(page: Any, timeout_s: float = 60) -> int:
+    """The dashboard's "pending: N" once it has stopped changing (4 readings a second apart)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen = (seen + [int(page.evaluate(PENDING_JS))])[-4:]
+        if len(seen) == 4 and len(set(seen)) == 1:
+            break
+        time.sleep(1)
+    return seen[-1]
 
 
 def test_00_quickstart_run_all(lab: Any):
@@ -92,7 +114,7 @@ def test_02_search_queue_stop_and_rerun(lab: Any):
             plots_drawn = (f"the lineage tree did not draw the seed and the baseline: "
                            f"{page.evaluate(PLOT_COUNTS_JS)}; JavaScript errors: {lab.js_errors}")
         before = page.evaluate(PLOT_COUNTS_JS)
-        pending_before = page.evaluate(PENDING_JS)
+        pending_before = _settled_pending(page)  # the search proposes its whole budget first, then waits
         assert pending_before >= 1
         # Collapsed: one line per proposal, no diff drawn until asked for; bulk and mode controls are there.
         assert page.locator(".cuco-diff").count() == 0
@@ -155,6 +177,22 @@ def test_03_multi_gpu_eval_button_stays_usable(lab: Any):
         page.wait_for_function(f"() => document.querySelectorAll('.jp-OutputArea table.dataframe tbody tr')"
                                f".length > {before}", timeout=60_000)
         _no_real_badges(page)
+        # The "recorded" menu offers exactly what the committed recordings hold, and a configuration outside
+        # them says which ones are recorded.
+        recorded = page.evaluate(OPTIONS_JS, "recorded")
+        held = [c for c in lab.kernel(page, "print(*(c.label() for c in choice.evaluator.configs(str(SAMPLE))), "
+                                            "sep='\\n')").splitlines() if c.strip()]
+        assert held and recorded and recorded[-1] == "other (not recorded)", (held, recorded)
+        assert [o.split(" (")[0] for o in recorded[:-1]] == held, (held, recorded)
+        for label, value in (("recorded", "other (not recorded)"), ("ranks", "2"), ("backend", "symm"),
+                             ("sizes", "small")):
+            page.locator(".jp-OutputArea .widget-dropdown", has=page.locator("label", has_text=re.compile(
+                f"^{label}$"))).locator("select").first.select_option(
+                index=page.evaluate(OPTIONS_JS, label).index(value))
+        button.click()
+        page.wait_for_function("() => document.body.innerText.includes('recorded nearby')", timeout=60_000)
+        log = page.locator(".jp-OutputArea pre", has_text="recorded nearby").first.inner_text()
+        assert "2 ranks, symm" in log and all(c in log for c in held), log
         lab.shot(page, "03_multi_gpu_eval", at=".jp-OutputArea button >> text=Evaluate")
     finally:
         lab.close(page)
@@ -251,9 +289,12 @@ def test_06_your_kernel_reject_edit_approve_then_search_from_the_result(lab: Any
                                "t['fast-path stage'] >= 2 && (t['passed'] || 0) >= 1; }", timeout=120_000,
                                polling=500)
         lab.shot(page, "06_your_kernel", at=".js-plotly-plot")
-        button("Stop").click()
+        if page.evaluate("() => document.body.innerText.includes('state: running')"):
+            button("Stop").click()
         page.wait_for_function("() => document.body.innerText.includes('state: stopped') || "
                                "document.body.innerText.includes('state: finished')", timeout=60_000)
+        # Ended, by Stop or by its budget: the dashboard's controls are off and say why.
+        page.wait_for_function("() => document.body.innerText.includes('the controls are off')", timeout=30_000)
         assert lab.red_boxes(page) == []
     finally:
         lab.close(page)
