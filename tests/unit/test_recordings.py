@@ -19,6 +19,7 @@ from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.recordings import catalogue, miss_hint
 from cuco_kit.evaluate.replay import MISS_REASON, ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
+from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.widgets import EvalCell
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +103,16 @@ def test_readme_search_without_a_gpu_ends_fast_with_a_pointer(tmp_path: Path):
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "no GPU" in p.stderr and "--evaluator simulated" in p.stderr and "--evaluator replay" in p.stderr
     assert "Warning" not in p.stderr and not (tmp_path / "run.sqlite").exists()  # nothing built, nothing written
+
+
+def test_a_replay_spec_carries_every_recording_of_a_configuration(rc, tmp_path: Path):
+    # `cuco search --evaluator replay` hands the executor a spec naming each recording that holds the configuration
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    paths = [str(_simulated_recording(rc, tmp_path / d)) for d in ("a", "b")]
+    spec = EvaluatorSpec.from_json(EvaluatorSpec("replay", {"path": paths}).to_json())
+    rep = spec.make()
+    try:
+        assert isinstance(rep, ReplayEvaluator) and rep.paths == paths and spec.badge == "replayed"
+    finally:
+        rep.close()
