@@ -381,3 +381,11 @@ def design_cell(knob_values: Iterable[Knob] | Mapping[str, object]) -> str:
     else:
         pairs = cell_values(knob_values)
     return "|".join(f"{k}={pairs[k]}" for k in sorted(pairs)) or "-"
+
+
+def plain_knob(text: str) -> str:
+    """A knob name or value as a person says it: 'Placement::kTwoStream' -> 'TwoStream', 'kChunks' -> 'chunks'."""
+    if "::" in text:
+        tail = text.rsplit("::", 1)[-1]
+        return tail[1:] if tail.startswith("k") and tail[1:2].isupper() else tail
+    return text[1].lower() + text[2:] if text.startswith("k") and text[1:2].isupper() else text

@@ -10,8 +10,10 @@ from typing import Any
 
 import pandas as pd
 
+from cuco_kit.badges import detail_of, shown_badge
 from cuco_kit.evaluate.api import timing_medians
 from cuco_kit.evaluate.stats import ratio_label
+from cuco_kit.markers import plain_knob
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
@@ -82,6 +84,31 @@ def cell_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("best_ms", na_position="last").reset_index(drop=True)
 
 
+def cell_summary(df: pd.DataFrame, top: int = 8) -> pd.DataFrame:
+    """The best `top` cells for reading: cells in plain words (`short_cells`), milliseconds rounded."""
+    cells = cell_table(df).head(top)
+    return cells.assign(cell=short_cells(cells["cell"].tolist()), best_ms=cells["best_ms"].round(4))
+
+
+def short_cells(cells: list[str]) -> list[str]:
+    """Cell keys ('backend=symm|kChunks=2|kPlacement=Placement::kSequential|...') as short labels that a plot axis
+    can show: features every knob cell shares are dropped, knob values are said plainly, placement first
+    ('Sequential/Barrier/Warp/chunks 2'); a cell without knobs (a seed) reads 'seed-like (no knobs)'."""
+    parsed = [dict(p.split("=", 1) for p in str(c).split("|") if "=" in p) for c in cells]
+    knobbed = [d for d in parsed if d.get("knobs") != "-"] or parsed
+    keys = sorted({k for d in knobbed for k in d if k != "knobs"},
+                  key=lambda k: ("placement" not in k.lower(), "chunk" in k.lower(), k))
+    varying = [k for k in keys if len({d.get(k) for d in knobbed}) > 1] or keys
+    out = []
+    for d in parsed:
+        if d.get("knobs") == "-":
+            out.append("seed-like (no knobs)")
+            continue
+        out.append("/".join(plain_knob(d[k]) if "::" in d[k] else f"{plain_knob(k)} {d[k]}"
+                            for k in varying if k in d) or "(none)")
+    return out
+
+
 def failure_table(df: pd.DataFrame) -> pd.DataFrame:
     """What failed and why, grouped by level and reason."""
     bad = df[df["verdict"].isin(["fail", "error"])]
@@ -92,12 +119,13 @@ def failure_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_badge(store: Store, run_id: int) -> tuple[str, str]:
-    """(badge, detail) for a run: the run's badge and, when evaluations carry provenance, 'GPU, date'."""
+    """(badge, detail) for a run, as cuco_kit.badges defines them: the run's badge ("real" read back from a
+    read-only store, a recording or a finished run, is "replayed") and, when evaluations carry provenance,
+    'GPU, date'."""
     run = store.run(run_id)
     detail = ""
     for e in store.evaluations(run_id=run_id):
-        prov = e.get("provenance") or {}
-        if prov.get("gpu"):
-            detail = ", ".join(str(prov[k]) for k in ("gpu", "date") if prov.get(k))
+        detail = detail_of(e.get("provenance"))
+        if detail:
             break
-    return run.get("badge", "real"), detail
+    return shown_badge(str(run.get("badge", "real")), live=not store.readonly), detail

@@ -16,10 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit import smoke
+from cuco_kit.badges import label
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, Evaluator
 from cuco_kit.evaluate.device import describe_gpus
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
+from cuco_kit.evaluate.recordings import recording_files, sizes_text
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
@@ -39,7 +41,6 @@ from cuco_kit.workload import load_workload
 EVALUATOR_ENV = "CUCO_EVALUATOR"  # force "gpu", "replay" or "simulated"
 ROOT_ENV = "CUCO_REPO_ROOT"
 RECORDINGS_ENV = "CUCO_RECORDINGS"
-RECORDING_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 MAIN_SAMPLE = "gemm_allgather"
 # The fast path's recorded answers on the main sample (cuco_kit.llm.fixtures), by the fake server's entry name.
 FASTPATH_FIXTURES = (("stage-a", "gemm_stage_a.cu"), ("stage-b", "gemm_stage_b_lsa.cu"),
@@ -133,8 +134,24 @@ class RecordedRun:
 def recorded_runs(directory: Path | None = None) -> list[Path]:
     """The recordings (*.sqlite, *.sqlite3, *.db at any depth) in `directory`, default `recordings_dir()`,
     newest name last."""
-    base = recordings_dir() if directory is None else Path(directory)
-    return sorted(p for p in base.rglob("*") if p.suffix in RECORDING_SUFFIXES and p.is_file())
+    return recording_files(recordings_dir() if directory is None else Path(directory))
+
+
+def recorded_searches(workload: str = MAIN_SAMPLE) -> list[Path]:
+    """The recorded searches of `workload`, found by name (`<workload>-<backend><ranks>-search-*`, written by
+    benchmarks/search/run.py); the recordings whose name starts with the workload when none is named so; all
+    recordings when none does. Newest name last."""
+    paths = recorded_runs()
+    for pick in ([p for p in paths if p.name.startswith(f"{workload}-") and "-search-" in p.name],
+                 [p for p in paths if p.name.startswith(f"{workload}-")]):
+        if pick:
+            return pick
+    return paths
+
+
+def recorded_failures(workload: str = MAIN_SAMPLE) -> list[Path]:
+    """Recorded runs of `workload` that hold failures to teach from (`<workload>-*failures*`), newest last."""
+    return [p for p in recorded_runs() if p.name.startswith(f"{workload}-") and "failures" in p.name]
 
 
 def recorded_run_info(path: str | Path, run_id: int | None = None) -> RecordedRun:
@@ -153,14 +170,14 @@ def recorded_run_info(path: str | Path, run_id: int | None = None) -> RecordedRu
         for e in evs:
             prov = e.get("provenance") or {}
             if prov.get("gpu"):
-                gpu, date = str(prov.get("gpu") or ""), str(prov.get("date") or "")
+                gpu, date = str(prov.get("gpu") or ""), str(prov.get("date") or "")[:10]
                 break
         return RecordedRun(Path(path), int(run_id), str(run.get("workload") or ""), gpu, date, len(evs))
 
 
 def open_recorded(path: str | Path | None = None) -> tuple[Store, RecordedRun] | tuple[None, None]:
     """(store opened read-only, RecordedRun) of the newest recording, or (None, None) when none exists."""
-    paths = [Path(path)] if path else recorded_runs()
+    paths = [Path(path)] if path else recorded_searches()
     if not paths:
         return None, None
     info = recorded_run_info(paths[-1])
@@ -219,11 +236,13 @@ def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoi
     if want in (None, "replay"):
         paths = recorded_runs()
         if paths:
-            info = recorded_run_info(paths[-1])
+            info = recorded_run_info(recorded_searches()[-1])
             why = "smoke run" if smoke.enabled() else "no GPU"
-            return EvaluatorChoice(ReplayEvaluator(str(info.path)), "replay", "replayed",
-                                   f"{why}: showing the recorded real run ({info.detail}) from {_rel(info.path)}; "
-                                   "numbers are replayed measurements, nothing runs on a GPU now", info)
+            return EvaluatorChoice(ReplayEvaluator(paths), "replay", "replayed",
+                                   f"{why}: replaying real measurements ({info.detail}) from {len(paths)} "
+                                   f"recording(s) in {where}; nothing runs on a GPU now. Only recorded "
+                                   "programs and configurations have numbers; the recorded search is "
+                                   f"{_rel(info.path)}", info)
         if want == "replay":
             raise BadInput(f"evaluator 'replay' asked for, but no recorded run exists yet under {where}")
     choice = simulated_evaluator(seed)
@@ -302,13 +321,35 @@ def replay_config(choice: EvaluatorChoice) -> dict[str, Any] | None:
     return cfg
 
 
+def search_settings(choice: EvaluatorChoice, workload_dir: str | Path, *, world_size: int, backend: str,
+                    preset: str) -> tuple[dict[str, Any], Note]:
+    """The settings a notebook's search runs with, and a note that says them: the ones asked for, except when
+    replaying, where the recorded search's own settings are used (so its programs have measurements) and the
+    note says so instead of running other settings silently."""
+    wl = load_workload(workload_dir)
+    cfg = replay_config(choice)
+    if cfg is None:
+        params = dict(wl.size_presets.get(preset, {}))
+        return ({"world_size": world_size, "backend": backend, "params": params, "config": None},
+                Note(f"search settings: {world_size} ranks, {backend}, {sizes_text(wl.resolve(params))} "
+                     f"({preset})", choice.badge))
+    ranks, bk = int(cfg.get("world_size", world_size)), str(cfg.get("backend", backend))
+    sizes = sizes_text(wl.resolve(cfg.get("params") or {}))
+    return ({"world_size": ranks, "backend": bk, "params": dict(cfg.get("params") or {}), "config": cfg},
+            Note(f"replaying: the search uses the recorded search's settings ({ranks} ranks, {bk}, {sizes}), not "
+                 f"{world_size} ranks {backend} at {preset}, because only what was recorded has measurements; "
+                 "with a GPU the settings asked for are used", "replayed"))
+
+
 def finished_run(workload_dir: str | Path, *, db: str | Path | None = None,
                  generations: int = 10) -> tuple[Store, int, Note]:
     """(store, run_id, note) of a finished run to analyse: `db` when given (its run with most evaluations),
-    else the newest recorded real run, else a small SIMULATED search run to its end here (a few seconds),
-    with a note that says which."""
-    if db is not None or recorded_runs():
-        info = recorded_run_info(db or recorded_runs()[-1])
+    else the newest recorded real run of the workload that has failures to teach from, else its newest recorded
+    search, else a small SIMULATED search run to its end here (a few seconds), with a note that says which."""
+    name = Path(workload_dir).name
+    recorded = recorded_failures(name) or recorded_searches(name)
+    if db is not None or recorded:
+        info = recorded_run_info(db or recorded[-1])
         badge = "replayed" if db is None else "info"
         what = "recorded real run" if db is None else "run"
         return (Store(info.path, readonly=True), info.run_id,
@@ -341,7 +382,7 @@ def what_won(store: Store, run_id: int) -> Winner:
     from cuco_kit.report import run_badge, run_frame  # imports pandas
 
     df = run_frame(store, run_id)
-    badge = run_badge(store, run_id)[0]
+    badge, detail = run_badge(store, run_id)
     progs = {p["id"]: p for p in store.programs(run_id)}
     baseline = next((p for p in progs.values() if p["source"] == "baseline"), None)
     seed_ms = df.loc[(df["source"] == "seed") & (df["verdict"] == "pass"), "median_ms"].min()
@@ -356,11 +397,42 @@ def what_won(store: Store, run_id: int) -> Winner:
         text += f", {ratio:.2f}x the seed ({seed_ms:.3f} ms)"
         if ratio <= 1.0:
             text += ": no candidate beat the seed in this run"
-    text += f" [{badge}]"
+    text += f" [{label(badge, detail)}]"
     knobs = pd.DataFrame({"baseline": (baseline["knobs"] or {}) if baseline else {}, "best": prog.get("knobs") or {}})
     if not knobs.empty:
         knobs["changed"] = knobs["baseline"] != knobs["best"]
     return Winner(Note(text, badge), knobs, prog, baseline)
+
+
+def preset_of(workload_dir: str | Path, sizes: dict[str, int]) -> str | None:
+    """The name of the workload's size preset that resolves to `sizes` ("default" for the defaults), or None."""
+    wl = load_workload(workload_dir)
+    for name, params in {"default": {}, **wl.size_presets}.items():
+        if wl.resolve(params) == dict(sizes):
+            return name
+    return None
+
+
+def sweep_plan(choice: EvaluatorChoice, workload_dir: str | Path, *, world_size: int = 2, backend: str = "symm",
+               presets: Iterable[str] = ("small", "4096", "8192")) -> tuple[list[str], int, str, Note]:
+    """(presets, world size, backend, note) of a size sweep this evaluator can answer: the ones asked for, except
+    when replaying, where the recorded world size and backend with the most recorded presets are used."""
+    configs = getattr(choice.evaluator, "configs", None)
+    if choice.kind != "replay" or configs is None:
+        want = list(presets)
+        return want, world_size, backend, Note(f"sweep: {', '.join(want)} at {world_size} ranks, {backend}",
+                                               choice.badge)
+    by_world: dict[tuple[int, str], list[str]] = {}
+    for c in configs(str(Path(workload_dir).resolve())):
+        name = preset_of(workload_dir, c.sizes)
+        if name is not None and name not in by_world.setdefault((c.world_size, c.backend), []):
+            by_world[(c.world_size, c.backend)].append(name)
+    if not by_world:
+        return [], world_size, backend, Note("sweep: no size preset of this workload is recorded; nothing to "
+                                             "replay (a GPU measures any preset)", "replayed")
+    (ranks, bk), names = max(by_world.items(), key=lambda kv: (len(kv[1]), -kv[0][0]))
+    return names, ranks, bk, Note(f"sweep: the recorded presets {', '.join(names)} at {ranks} ranks, {bk} (only "
+                                  "recorded configurations have numbers here)", "replayed")
 
 
 def sweep(evaluator: Evaluator, workload_dir: str | Path, candidate: str, presets: Iterable[str], *,

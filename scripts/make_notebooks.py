@@ -20,7 +20,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "notebooks"
 
-KERNEL = {"display_name": "Python 3 (cuco-kit)", "language": "python", "name": "python3"}
+# The display name ipykernel installs: any other makes JupyterLab mark every notebook modified on open.
+KERNEL = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
 def md(text: str) -> nbformat.NotebookNode:
@@ -34,7 +35,8 @@ def code(text: str) -> nbformat.NotebookNode:
 SETUP = """
 from IPython.display import display
 from cuco_kit import report, smoke, workbench as wb
-from cuco_kit.widgets import banner
+from cuco_kit.widgets import banner, short_errors
+short_errors()  # the kit's errors show as their one line, not a traceback
 """
 
 # ------------------------------------------------------------------------------------------------------------
@@ -49,17 +51,18 @@ latency curve and a design-space map.
 
 Where the numbers come from is always on screen, as a badge on every view:
 
-* **real**: measured on this machine's GPU;
-* **replayed (GPU, date)**: real measurements from the recorded run committed under `benchmarks/search/`,
-  shown when this machine has no GPU;
+* **real**: measured now, on this machine's GPU;
+* **replayed (GPU, date)**: measured on a GPU earlier and shown from a recording committed under
+  `benchmarks/search/` (every run read back from its database shows this way);
 * **SIMULATED**: a made-up landscape, used only while no recorded run exists yet. It demonstrates the flow and
-  says nothing about any kernel.
+  says nothing about any kernel;
+* **FIXTURE**: a recorded LLM answer standing in for a live model; **MODEL**: a formula, not a measurement.
 
 Run the cells from the top (Shift+Enter). Nothing here needs a GPU.
 """),
     code(SETUP + """
 from cuco_kit.analysis import analyze_file
-from cuco_kit.widgets import AnalysisView, DesignSpaceMap, LatencyPlot, LineageTree, RunDashboard
+from cuco_kit.widgets import AnalysisView, DesignSpaceMap, FailureView, LatencyPlot, LineageTree, RunDashboard
 from cuco_kit.workload import load_workload
 
 SAMPLE = wb.main_sample()
@@ -108,7 +111,7 @@ else:
 """),
     code("""
 if engine is not None:
-    dashboard = RunDashboard(engine)
+    dashboard = RunDashboard(engine, key="00_quickstart")
     display(dashboard)
 else:
     display(LineageTree(store, run_id), LatencyPlot(store, run_id), DesignSpaceMap(store, run_id))
@@ -121,17 +124,16 @@ and what failed and why. (The demo search runs for a few seconds; the next cell 
 """),
     code("""
 if engine is not None:
-    print(wb.end_search(engine, close=[dashboard]))
+    print(wb.end_search(engine))  # the dashboard stays, its controls off with the reason
 frame = report.run_frame(store, run_id)
 display(banner(wb.what_won(store, run_id).note))
-report.cell_table(frame).head(8)
+report.cell_summary(frame, top=8)
+"""),
+    md("""
+### What failed and why
 """),
     code("""
-report.failure_table(frame)
-"""),
-    code("""
-store.close()
-choice.close()
+FailureView(frame)
 """),
     md("""
 ## Next
@@ -144,6 +146,7 @@ choice.close()
 * `03_multi_gpu_eval`: evaluate one kernel on 1, 2 or 4 ranks, on both backends, across sizes.
 * `04_run_analysis`: dig into a finished run with pandas; `05_teaching`: why chunking and overlap pay off.
 * On a machine with NVIDIA GPUs the same notebooks measure for real: the badges then read **real**.
+* The run's database stays open for the views above; `store.close(); choice.close()` when you are done.
 """),
 ]
 
@@ -250,7 +253,6 @@ to click, the notebook approves automatically once the dashboard is shown.
 """),
     code(SETUP + """
 from cuco_kit.widgets import RunDashboard
-from cuco_kit.workload import load_workload
 
 SAMPLE = wb.main_sample()
 choice = wb.pick_evaluator()
@@ -260,17 +262,19 @@ banner(choice.note)
 ## Set up the search
 
 Two ranks on the `symm` backend (ranks share one GPU) at the small sizes, so it also works on a one-GPU machine.
-When replaying the recorded run, its own settings are used so the same proposals come back.
+When replaying the recorded run, its own settings are used so the same proposals come back, and the banner
+says which settings those are. Running this cell again stops the search it started before.
 """),
     code("""
 SMOKE = smoke.enabled()
+settings, settings_note = wb.search_settings(choice, SAMPLE, world_size=2, backend="symm", preset="small")
+display(banner(settings_note))
 engine, store = wb.new_search(
     SAMPLE, choice.evaluator, db=wb.run_db("02_search"), gate="manual",
     generations=2 if SMOKE else 20, proposals_per_generation=2 if SMOKE else 4,
-    world_size=2, backend="symm", params=load_workload(SAMPLE).size_presets["small"],
-    iters=5 if SMOKE else 20, config=wb.replay_config(choice))
+    iters=5 if SMOKE else 20, **settings)
 wb.start_search(engine)
-dashboard = RunDashboard(engine)
+dashboard = RunDashboard(engine, key="02_search")  # running this cell again stops the search it replaces
 dashboard
 """),
     code("""
@@ -296,7 +300,7 @@ In a headless run this waits for the budget and then stops the engine and joins 
 session the search keeps running until you press **Stop** on the dashboard.
 """),
     code("""
-print(wb.end_search(engine, close=[dashboard, store, choice]))
+print(wb.end_search(engine, close=[choice]))  # the dashboard stays: its controls off, saying why
 """),
     md("""
 ## Next
@@ -331,14 +335,17 @@ choice = wb.pick_evaluator()
 banner(choice.note)
 """),
     code("""
+# Replaying, the "recorded" menu lists the measured configurations and the first is chosen.
 cell = EvalCell(choice.evaluator, SAMPLE, ranks=(1, 2, 4), backends=("nccl", "symm"))
 cell
 """),
     code("""
-# Headless smoke run: press Evaluate for the reader (2 ranks, symm, small sizes) and wait for the result.
+# Headless smoke run: press Evaluate for the reader (device_lsa.cu at the first recorded configuration, else
+# 2 ranks, symm, small sizes) and wait for the result.
 if smoke.enabled():
     cell.candidate.value = "device_lsa.cu"
-    cell.ranks.value, cell.backend.value, cell.preset.value = 2, "symm", "small"
+    if cell.recorded.value < 0:
+        cell.ranks.value, cell.backend.value, cell.preset.value = 2, "symm", "small"
     cell.run()
     cell.join(120)
 cell.frame()
@@ -351,9 +358,11 @@ the simulator or a replay, minutes on a GPU). The SIMULATED landscape ignores si
 rows only show the mechanics.
 """),
     code("""
-presets = ["small"] if smoke.enabled() else ["small", "4096", "8192"]
-wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=2, backend="symm",
-         iters=5 if smoke.enabled() else 20)
+presets, ranks, backend, plan = wb.sweep_plan(choice, SAMPLE, world_size=2, backend="symm",
+                                              presets=["small"] if smoke.enabled() else ["small", "4096", "8192"])
+display(banner(plan))
+wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=ranks, backend=backend,
+         iters=5 if smoke.enabled() else 20).round(4)
 """),
     md("""
 ## Timelines
@@ -373,13 +382,11 @@ else:
     display(TimelineView(teaching.model_schedule(compute=1.0, comm=1.0, chunks=4, ranks=2), badge="model",
                          detail="formula schedule, not measured"))
 """),
-    code("""
-cell.close()
-choice.close()
-"""),
     md("""
 ## Next
 
+* The Evaluate button above stays live: try another candidate, rank count or size (`cell.close();
+  choice.close()` when you are done).
 * Evaluate your own kernel: `EvalCell(choice.evaluator, SAMPLE, candidates={"mine.cu": source})`.
 * On a multi-GPU machine choose the `nccl` backend with 2, 4 or 8 ranks for NVLink numbers.
 * `02_search` evaluates whole populations like this; `05_teaching` explains what the timeline shows.
@@ -399,7 +406,7 @@ any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
 """),
     code(SETUP + """
 from IPython.display import HTML
-from cuco_kit.widgets import LatencyPlot, side_by_side_html
+from cuco_kit.widgets import DesignSpaceMap, FailureView, LatencyPlot, side_by_side_html
 
 SAMPLE = wb.main_sample()
 store, run_id, note = wb.finished_run(SAMPLE, generations=3 if smoke.enabled() else 10)
@@ -408,8 +415,8 @@ banner(note)
     code("""
 frame = report.run_frame(store, run_id)
 print(len(frame), "evaluations of", frame["program_id"].nunique(), "programs")
-frame[["evaluation_id", "program_id", "name", "source", "cell", "level_reached", "verdict", "median_ms",
-       "speedup", "badge"]].head(15)
+frame[["evaluation_id", "program_id", "name", "source", "level_reached", "verdict", "median_ms",
+       "speedup", "badge"]].head(15).round(3)
 """),
     md("""
 ## What won
@@ -427,17 +434,19 @@ HTML(side_by_side_html(won.baseline["code"], won.program["code"])) if won.progra
 LatencyPlot(store, run_id)
 """),
     code("""
-report.cell_table(frame)
+DesignSpaceMap(store, run_id)
 """),
     md("""
 ## What failed and why
 """),
     code("""
-print(frame.groupby(["level_reached", "verdict"]).size().unstack(fill_value=0))
-report.failure_table(frame)
+display(frame.groupby(["level_reached", "verdict"]).size().unstack(fill_value=0))
+FailureView(frame)
 """),
     code("""
 failed = frame[frame["verdict"].isin(["fail", "error"])]
+if failed.empty:
+    print("no failures in this run: nothing to show here")
 for eid in failed["evaluation_id"].head(3):
     ev = store.evaluation(int(eid))
     print(f"evaluation {eid} ({ev['level_reached']}): {ev['reason']}")
@@ -472,7 +481,7 @@ committed under `benchmarks/gemm_allgather/` when they exist.
     code(SETUP + """
 import pandas as pd
 from cuco_kit import teaching
-from cuco_kit.widgets import TimelineView
+from cuco_kit.widgets import ChunkExplorer, TimelineView
 
 SAMPLE = wb.main_sample()
 """),
@@ -511,15 +520,20 @@ more as the world grows.
 teaching.workload_counts(SAMPLE, {"M": 8192, "N": 8192, "K": 8192})
 """),
     md("""
-## Measured
+## Measured, next to the model
+
+Move the **chunks** slider: the model (left) and the measured variants of the device-initiated baseline
+(right, one line per placement, for the size and world size picked in **measured**) mark that chunk count.
 """),
     code("""
 measured = teaching.load_benchmarks("benchmarks/gemm_allgather/*.json")
 if measured:
     table = teaching.benchmark_frame(measured)
-    display(banner(f"{len(table)} measured rows from {len(measured)} file(s) in benchmarks/gemm_allgather/",
-                   "real"))
-    display(table)
+    gpu, date = table["provenance.gpu"].dropna(), table["provenance.date"].dropna()
+    detail = ", ".join(x for x in (gpu.iloc[0] if len(gpu) else "", str(date.max())[:10] if len(date) else "") if x)
+    display(banner(f"{len(table)} measured rows from {len(measured)} file(s) in benchmarks/gemm_allgather/, "
+                   f"measured on {detail}", "replayed"))
+    display(ChunkExplorer(table, badge="replayed", detail=detail))
 else:
     print("No measured GEMM + AllGather benchmark is committed yet (benchmarks/gemm_allgather/*.json).\\n"
           "When it is, this cell shows, per size and world size, cuBLAS alone, the host-NCCL seed, the copy-engine "
@@ -529,7 +543,8 @@ else:
     md("""
 ## Next
 
-* Change the chunk count in the model and watch the bound: past a few chunks the gain flattens.
+* Move the chunk slider and watch the bound: past a few chunks the gain flattens, and the measured variants
+  show where synchronising more chunks costs more than it hides.
 * `03_multi_gpu_eval`: measure the baseline's chunk settings yourself and draw their timelines.
 * `02_search`: let the search find the chunking, placement and synchronisation that win on your machine.
 """),

@@ -10,3 +10,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[${extras}]"
+touch .venv/.cuco-installed  # scripts/workbench.sh reinstalls only when pyproject.toml is newer than this

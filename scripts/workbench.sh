@@ -1,10 +1,22 @@
 #!/usr/bin/env bash
-# The workbench: installs everything into .venv, then opens JupyterLab on the quickstart notebook, bound to
-# 127.0.0.1 only. Extra arguments go to JupyterLab (e.g. --no-browser --port 8890).
+# The workbench: JupyterLab bound to 127.0.0.1, serving a folder (default notebooks/, opening the quickstart).
+#   scripts/workbench.sh [FOLDER] [JupyterLab arguments, e.g. --no-browser --port 8890]
+# Installs into .venv only when .venv is missing or older than pyproject.toml (scripts/setup-env.sh leaves a
+# stamp after each install), so once set up the workbench starts offline, with no package index in reach.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-bash scripts/setup-env.sh dev
-export PATH="$PWD/.venv/bin:$PATH"
-root_flag=(); [ "$(id -u)" = 0 ] && root_flag=(--allow-root)  # containers often run as root
-exec jupyter lab "${root_flag[@]}" --ip=127.0.0.1 --ServerApp.root_dir="$PWD/notebooks" \
-  --LabApp.default_url=/lab/tree/00_quickstart.ipynb "$@"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+folder="$repo/notebooks"
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  [ -d "$1" ] || { echo "workbench.sh: $1 is not a folder; pass the folder to serve (default notebooks/)" >&2; exit 2; }
+  folder="$(cd "$1" && pwd)"
+  shift
+fi
+stamp="$repo/.venv/.cuco-installed"
+if [ ! -x "$repo/.venv/bin/jupyter" ] || [ ! -f "$stamp" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
+  bash "$repo/scripts/setup-env.sh" dev
+fi
+export PATH="$repo/.venv/bin:$PATH"
+extra=()
+[ "$(id -u)" = 0 ] && extra+=(--allow-root)  # containers often run as root
+[ -f "$folder/00_quickstart.ipynb" ] && extra+=(--LabApp.default_url=/lab/tree/00_quickstart.ipynb)
+exec jupyter lab "${extra[@]}" --ip=127.0.0.1 --ServerApp.root_dir="$folder" "$@"

@@ -1,17 +1,20 @@
 """Notebook widgets for cuco-kit, imported as ``cuco_kit.widgets``.
 
 Small composable views over the engine; none holds engine logic. Every LLM- or candidate-produced string is
-escaped before it reaches HTML, and every view shows the data's badge (real, replayed, SIMULATED).
+escaped before it reaches HTML, and every view shows the data's badge (cuco_kit.badges: real, replayed,
+simulated, fixture, model).
 """
+from .approval_queue import ApprovalQueue
+from .chunk_explorer import ChunkExplorer
 from .dashboard import RunDashboard
 from .diff_review import DiffReview, side_by_side_html
 from .eval_cell import EvalCell
-from .notebook import Banner, banner, review_attempts
+from .notebook import Banner, banner, review_attempts, short_errors
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
 from .reasoning import ReasoningPanel
 from .slots import SlotPanel
-from .views import AnalysisView, LedgerView, TimelineView
+from .views import AnalysisView, FailureView, LedgerView, TimelineView
 
-__all__ = ["AnalysisView", "Banner", "DesignSpaceMap", "DiffReview", "EvalCell", "LatencyPlot", "LedgerView",
-           "LineageTree", "ReasoningPanel", "RunDashboard", "SlotPanel", "TimelineView", "banner", "review_attempts",
-           "side_by_side_html"]
+__all__ = ["AnalysisView", "ApprovalQueue", "Banner", "ChunkExplorer", "DesignSpaceMap", "DiffReview", "EvalCell",
+           "FailureView", "LatencyPlot", "LedgerView", "LineageTree", "ReasoningPanel", "RunDashboard", "SlotPanel",
+           "TimelineView", "banner", "review_attempts", "short_errors", "side_by_side_html"]

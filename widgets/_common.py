@@ -9,15 +9,13 @@ from typing import Any
 
 import ipywidgets as W
 
-BADGE_STYLE = {
-    "real": ("#1b5e20", "real GPU measurement"),
-    "replayed": ("#0d47a1", "replayed"),
-    "simulated": ("#b71c1c", "SIMULATED"),
-    "unmeasured": ("#5d4037", "UNMEASURED (checked and built, no GPU here to run it)"),
-    "model": ("#6a1b9a", "MODEL (formula, not measured)"),
-    "fixture": ("#6a1b9a", "FIXTURE (recorded answer, not a live model)"),
-    "info": ("#37474f", "info"),
-}
+from cuco_kit.badges import LABELS, detail_of, label
+
+_COLOURS = {"real": "#1b5e20", "replayed": "#0d47a1", "simulated": "#b71c1c", "unmeasured": "#5d4037",
+            "model": "#6a1b9a", "fixture": "#6a1b9a"}
+# badge -> (colour, label); the labels are cuco_kit.badges', so a widget says what the CLI and the banners say
+BADGE_STYLE = {**{b: (c, LABELS[b]) for b, c in _COLOURS.items()}, "info": ("#37474f", "info"),
+               "error": ("#b71c1c", "error")}
 
 
 def esc(text: Any) -> str:
@@ -31,13 +29,10 @@ def badge_colour(badge: str) -> str:
 
 
 def badge_html(badge: str, detail: str = "") -> str:
-    colour, label = BADGE_STYLE.get(badge, ("#555", badge or "unknown"))
-    if badge == "replayed" and detail:
-        label = f"replayed: {detail}"
-    elif detail and badge not in ("simulated", "model"):  # their label already says what they are
-        label = f"{label} ({detail})"
-    return (f'<span class="cuco-badge" style="background:{colour};color:white;padding:1px 6px;'
-            f'border-radius:3px;font-size:11px">{esc(label)}</span>')
+    colour = BADGE_STYLE.get(badge, ("#555", ""))[0]
+    text = label(badge, detail) if badge in LABELS else (f"{badge} ({detail})" if detail else badge or "unknown")
+    return (f'<span class="cuco-badge" data-badge="{esc(badge)}" style="background:{colour};color:white;'
+            f'padding:1px 6px;border-radius:3px;font-size:11px">{esc(text)}</span>')
 
 
 def badge_widget(badge: str, detail: str = "") -> W.HTML:
@@ -46,10 +41,15 @@ def badge_widget(badge: str, detail: str = "") -> W.HTML:
 
 def provenance_detail(prov: dict[str, Any] | None) -> str:
     """'NVIDIA H200, 2026-12-02' from an evaluation's provenance."""
-    if not prov:
-        return ""
-    parts = [str(prov.get(k)) for k in ("gpu", "date") if prov.get(k)]
-    return ", ".join(parts)
+    return detail_of(prov)
+
+
+def fmt_ms(ms: Any) -> str:
+    """A latency with its unit, rounded for reading: '0.304 ms', '12.4 us', '-' when there is none."""
+    if ms is None or ms != ms:  # None or NaN
+        return "-"
+    ms = float(ms)
+    return f"{ms * 1000:.1f} us" if abs(ms) < 0.1 else f"{ms:.3f} ms" if abs(ms) < 100 else f"{ms:,.0f} ms"
 
 
 class Throttle:
@@ -60,7 +60,7 @@ class Throttle:
     def __init__(self, fn: Callable[[], None], interval: float = 1.0) -> None:
         self._fn = fn
         self._interval = interval
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # `fn` may mark work dirty again (a widget it redraws calls back): no deadlock
         self._last = 0.0
         self._timer: threading.Timer | None = None
         self.calls = 0

@@ -1,5 +1,8 @@
 """EvalCell: launch an evaluation on N ranks from a cell that returns at once, with per-rank progress, the
-cascade level reached, a log tail and a pandas table of every result in this cell."""
+cascade level reached, a log tail and a pandas table of every result in this cell.
+
+When the evaluator replays recordings it knows which configurations were measured (`configs(workload_dir)`):
+those are offered first, in a "recorded" menu that sets ranks, backend and sizes, and the first is chosen."""
 from __future__ import annotations
 
 import threading
@@ -11,11 +14,14 @@ import ipywidgets as W
 import pandas as pd
 
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, timing_medians
-from cuco_kit.report import claim
+from cuco_kit.evaluate.recordings import RecordedConfig
+from cuco_kit.report import claim, ratio_text
 from cuco_kit.workload import load_workload
 
-from ._common import Throttle, badge_html, esc, provenance_detail
+from ._common import Throttle, badge_html, esc, fmt_ms, provenance_detail
 from .views import TimelineView
+
+REASON_CHARS = 60
 
 
 class EvalCell(W.VBox):
@@ -29,12 +35,25 @@ class EvalCell(W.VBox):
             names.add(self.workload.baseline)
         files = candidates or {f: (self.workload.directory / f).read_text() for f in sorted(names)}
         self.sources = dict(files)
-        presets = {"default": {}, **self.workload.size_presets}
+        presets: dict[str, dict[str, int]] = {"default": {}, **self.workload.size_presets}
+        recorded = self._recorded(evaluator, presets)
+        rec_ranks = [c.world_size for c, _ in recorded]
+        rank_opts = list(dict.fromkeys([*rec_ranks, *ranks]))
+        backend_opts = list(dict.fromkeys([*(c.backend for c, _ in recorded), *backends]))
         self.candidate = W.Dropdown(options=list(self.sources), description="candidate")
-        self.ranks = W.Dropdown(options=list(ranks), value=ranks[0], description="ranks")
-        self.backend = W.Dropdown(options=list(backends), value=backends[0], description="backend")
-        self.preset = W.Dropdown(options=list(presets), description="sizes")
+        self.ranks = W.Dropdown(options=rank_opts, value=rank_opts[0], description="ranks",
+                                layout=W.Layout(width="160px"))
+        self.backend = W.Dropdown(options=backend_opts, value=backend_opts[0], description="backend",
+                                  layout=W.Layout(width="180px"))
+        self.preset = W.Dropdown(options=list(presets), description="sizes", layout=W.Layout(width="200px"))
         self._presets = presets
+        self.recorded = W.Dropdown(
+            options=[(f"{c.label()} ({preset})", i) for i, (c, preset) in enumerate(recorded)]
+            + [("other (not recorded)", -1)], value=0 if recorded else -1, description="recorded",
+            layout=W.Layout(width="auto", display="" if recorded else "none"))
+        self._recorded_configs = recorded
+        self.recorded.observe(lambda ch: self._apply_recorded(int(ch["new"])), names="value")
+        self._apply_recorded(self.recorded.value)
         self.iters = iters
         self.button = W.Button(description="Evaluate", button_style="primary", icon="play")
         self.button.on_click(lambda _: self.run())
@@ -48,8 +67,31 @@ class EvalCell(W.VBox):
         self._state: dict[str, Any] = {"level": "", "ranks": {}, "lines": []}
         self._thread: threading.Thread | None = None
         self._refresh = Throttle(self._render, interval)
-        super().__init__([W.HBox([self.candidate, self.ranks, self.backend, self.preset, self.button]),
+        super().__init__([self.recorded,
+                          W.HBox([self.candidate, self.ranks, self.backend, self.preset, self.button]),
                           self.level, self.bars, self.log_view, self.table, self.timeline_box])
+
+    def _recorded(self, evaluator: Evaluator, presets: dict[str, dict[str, int]]
+                  ) -> list[tuple[RecordedConfig, str]]:
+        """(configuration, preset name) of every recorded configuration of this workload; sizes that are no
+        preset become one, named by their values."""
+        configs = getattr(evaluator, "configs", None)
+        if not callable(configs):
+            return []
+        out = []
+        for c in configs(str(self.workload.directory)):
+            name = next((n for n, p in presets.items() if self.workload.resolve(p) == c.sizes), None)
+            if name is None:
+                name = " ".join(f"{k}={v}" for k, v in c.params)
+                presets[name] = c.sizes
+            out.append((c, name))
+        return out
+
+    def _apply_recorded(self, index: int) -> None:
+        if index < 0 or index >= len(self._recorded_configs):
+            return
+        c, preset = self._recorded_configs[index]
+        self.ranks.value, self.backend.value, self.preset.value = c.world_size, c.backend, preset
 
     # -- engine side (worker thread) -------------------------------------------------------------------------
     def _progress(self, ev: dict[str, Any]) -> None:
@@ -123,7 +165,18 @@ class EvalCell(W.VBox):
         self.bars.children = bars
         self.log_view.value = ("<pre style='font-size:10px;max-height:160px;overflow:auto'>"
                           + esc("\n".join(st["lines"])) + "</pre>") if st["lines"] else ""
-        self.table.value = self.frame(rows).to_html(index=False, escape=True, na_rep="-") if rows else ""
+        self.table.value = self._table_html(rows) if rows else ""
+
+    def _table_html(self, rows: list[dict[str, Any]]) -> str:
+        df = self.frame(rows).copy()
+        for col in ("median_ms", "spread_ms", "seed_ms", "device_ms", "e2e_ms"):
+            df[col] = df[col].map(fmt_ms)
+        df["speedup"] = [ratio_text(None if x is None or x != x else x, ci)  # with its interval and claim
+                         for x, ci in zip(df["speedup"], df["speedup_ci"])]
+        df["reason"] = df["reason"].map(lambda r: (str(r)[:REASON_CHARS] + "...") if len(str(r)) > REASON_CHARS
+                                        else r)  # the whole reason is in the log above
+        return df.drop(columns=["speedup_ci", "claim", "flagged", "gpu"]).to_html(index=False, escape=True,
+                                                                                 na_rep="-", border=0)
 
     def frame(self, rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
         return pd.DataFrame(self.results if rows is None else rows)

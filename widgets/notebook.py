@@ -1,9 +1,13 @@
-"""What the notebooks show from the workbench: a `Note` as a coloured banner, and each attempt of a fast-path
-stage as a DiffReview against the stage's input."""
+"""What the notebooks show from the workbench: a `Note` as a coloured banner, each attempt of a fast-path
+stage as a DiffReview against the stage's input, and kit errors as their one line (`short_errors`)."""
 from __future__ import annotations
 
+from typing import Any
+
+from IPython import get_ipython
 from IPython.display import display
 
+from cuco_kit.errors import CucoError
 from cuco_kit.fastpath import FastPath, StageOutcome
 from cuco_kit.workbench import Note
 
@@ -55,3 +59,18 @@ def review_attempts(fp: FastPath, outcome: StageOutcome) -> None:
         if a.verdict != "pending":
             review.freeze(a.verdict)
         display(review)
+
+
+def _one_line(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None) -> None:
+    display(Banner(f"{etype.__name__}: {value}", "error"))
+
+
+def short_errors() -> bool:
+    """Show the kit's own errors (CucoError: bad input, a missing recording ...) as their one-line message in
+    a red banner instead of a multi-frame traceback; other exceptions keep theirs. True when installed (in an
+    IPython kernel)."""
+    shell = get_ipython()
+    if shell is None:
+        return False
+    shell.set_custom_exc((CucoError,), _one_line)
+    return True

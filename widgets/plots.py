@@ -1,7 +1,9 @@
 """Live plotly views of a run: LineageTree, LatencyPlot, DesignSpaceMap.
 
 Each view reads the store through cuco_kit.report and redraws in `refresh()`; RunDashboard calls refresh from its
-throttled updater (about once a second), never per event.
+throttled updater (about once a second), never per event. A redraw builds a whole new figure and shows it in a
+FigureBox (widgets/figure_box.py: the whole figure in one message, only when it changed; why not plotly's
+FigureWidget is said there). A lineage node's details open from the "program" menu above the tree.
 """
 from __future__ import annotations
 
@@ -13,11 +15,13 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from cuco_kit.report import cell_table, ratio_text, run_badge, run_frame, with_best_so_far
+from cuco_kit.report import cell_table, ratio_text, run_badge, run_frame, short_cells, with_best_so_far
 from cuco_kit.store import Store
 
-from ._common import badge_html, esc
+from ._common import badge_html, esc, fmt_ms
+from .figure_box import FigureBox
 
+NO_PROGRAM = "choose a program to see its diff and numbers"
 _FAIL_SYMBOL = {"L0": "x", "L1": "x-thin", "L2": "triangle-down", "L3": "square-x"}
 
 
@@ -26,9 +30,9 @@ def _hover(row: pd.Series) -> str:
              f"verdict: {esc(row['verdict'])} at {esc(row['level_reached'])}"]
     if pd.notna(row["median_ms"]):
         kind = row.get("timing")
-        parts.append(f"median: {row['median_ms']:.3f} ms" + (f" ({esc(kind)} time)" if isinstance(kind, str) else ""))
+        parts.append(f"median: {fmt_ms(row['median_ms'])}" + (f" ({esc(kind)} time)" if isinstance(kind, str) else ""))
     if pd.notna(row.get("device_ms")) and pd.notna(row.get("e2e_ms")):
-        parts.append(f"device {row['device_ms']:.3f} ms, end to end {row['e2e_ms']:.3f} ms")
+        parts.append(f"device {fmt_ms(row['device_ms'])}, end to end {fmt_ms(row['e2e_ms'])}")
     if pd.notna(row["speedup"]):
         parts.append(f"speed-up vs seed: {ratio_text(row['speedup'], row['speedup_ci'])}")
     if row["verdict"] != "pass" and row["reason"]:
@@ -42,8 +46,7 @@ class _RunView(W.VBox):
     def __init__(self, store: Store, run_id: int) -> None:
         self.store, self.run_id = store, run_id
         self.badge = W.HTML()
-        self.fig = go.FigureWidget()
-        self.fig.update_layout(height=360, margin=dict(l=40, r=10, t=30, b=30), title=self.title)
+        self.fig = FigureBox()
         super().__init__([self.badge, self.fig])
         self.refresh()
 
@@ -53,23 +56,31 @@ class _RunView(W.VBox):
     def refresh(self) -> None:
         badge, detail = run_badge(self.store, self.run_id)
         self.badge.value = badge_html(badge, detail)
-        with self.fig.batch_update():
-            self._draw(self.frame())
+        fig = go.Figure(layout=dict(height=380, margin=dict(l=60, r=20, t=40, b=70), title=self.title,
+                                    legend=dict(orientation="h", x=0, y=-0.18, yanchor="top")))
+        self._draw(fig, self.frame())
+        self.fig.show(fig)
 
-    def _draw(self, df: pd.DataFrame) -> None:  # pragma: no cover - overridden
+    def _draw(self, fig: go.Figure, df: pd.DataFrame) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
 class LineageTree(_RunView):
     """Programs by generation; edges parent -> child; colour = speed-up vs the seed; failures marked by level.
-    Clicking a node calls every `on_select` callback with the program id."""
+    Choosing a program in the menu above the tree (its hover names each node's id) calls every `on_select`
+    callback with the program id."""
 
     title = "Lineage (colour: speed-up vs seed)"
 
     def __init__(self, store: Store, run_id: int) -> None:
         self._select_callbacks: list[Callable[[int], None]] = []
         self.positions: dict[int, tuple[float, float]] = {}
+        self._quiet = False
+        self.picker = W.Dropdown(options=[(NO_PROGRAM, None)], value=None, description="program",
+                                 layout=W.Layout(width="420px"))
+        self.picker.observe(self._picked, names="value")
         super().__init__(store, run_id)
+        self.children = (self.badge, self.picker, self.fig)
 
     def on_select(self, fn: Callable[[int], None]) -> None:
         self._select_callbacks.append(fn)
@@ -87,12 +98,12 @@ class LineageTree(_RunView):
             per_gen[g] = per_gen.get(g, 0) + 1
             self.positions[int(row["program_id"])] = (g, per_gen[g])
 
-    def _draw(self, df: pd.DataFrame) -> None:
-        self.fig.data = []
+    def _draw(self, fig: go.Figure, df: pd.DataFrame) -> None:
         if df.empty:
             return
         last = df.drop_duplicates("program_id", keep="last")
         self._layout(df)
+        self._programs(last)
         ex, ey = [], []
         for _, row in last.iterrows():
             for parent in (row["parent_id"], row["second_parent_id"]):
@@ -100,13 +111,13 @@ class LineageTree(_RunView):
                     (x0, y0), (x1, y1) = self.positions[int(parent)], self.positions[int(row["program_id"])]
                     ex += [x0, x1, None]
                     ey += [y0, y1, None]
-        self.fig.add_scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
-                             showlegend=False, name="edges")
+        fig.add_scatter(x=ex, y=ey, mode="lines", line=dict(color="#bbb", width=1), hoverinfo="skip",
+                        showlegend=False, name="edges")
         # A search started from a fast-path result draws the fast path's stages first (search/start_point.py).
         stages = last[last["source"] == "fastpath"]
         last = last[last["source"] != "fastpath"]
         if not stages.empty:
-            self.fig.add_scatter(
+            fig.add_scatter(
                 x=[self.positions[int(p)][0] for p in stages["program_id"]],
                 y=[self.positions[int(p)][1] for p in stages["program_id"]], mode="markers",
                 marker=dict(size=11, color="#6a8caf", symbol="square"), customdata=stages["program_id"].tolist(),
@@ -115,29 +126,42 @@ class LineageTree(_RunView):
         bad = last[last["verdict"] != "pass"]
         if not ok.empty:
             sp = ok["speedup"].fillna(1.0)
-            self.fig.add_scatter(
+            fig.add_scatter(
                 x=[self.positions[int(p)][0] for p in ok["program_id"]],
                 y=[self.positions[int(p)][1] for p in ok["program_id"]], mode="markers",
                 marker=dict(size=12, color=sp, colorscale="RdYlGn", cmid=1.0, showscale=True,
-                            colorbar=dict(title="x seed")),
+                            colorbar=dict(title=dict(text="x seed", side="top"), x=1.02, len=0.8,
+                                          thickness=14, tickformat=".2f")),
                 customdata=ok["program_id"].tolist(), hovertext=[_hover(r) for _, r in ok.iterrows()],
                 hoverinfo="text", name="passed")
         if not bad.empty:
-            self.fig.add_scatter(
+            fig.add_scatter(
                 x=[self.positions[int(p)][0] for p in bad["program_id"]],
                 y=[self.positions[int(p)][1] for p in bad["program_id"]], mode="markers",
                 marker=dict(size=11, color="#999",
                             symbol=[_FAIL_SYMBOL.get(str(lv), "x") for lv in bad["level_reached"]]),
                 customdata=bad["program_id"].tolist(), hovertext=[_hover(r) for _, r in bad.iterrows()],
                 hoverinfo="text", name="failed (symbol = level)")
-        for trace in self.fig.data[1:]:
-            trace.on_click(self._clicked)
-        self.fig.update_xaxes(title="generation")
-        self.fig.update_yaxes(showticklabels=False)
+        fig.update_xaxes(title="generation", dtick=1, tick0=0)  # generations are whole numbers
+        fig.update_yaxes(showticklabels=False, title="programs of a generation")
 
-    def _clicked(self, trace: Any, points: Any, _selector: Any) -> None:
-        for i in points.point_inds:
-            self.select(int(trace.customdata[i]))
+    def _programs(self, last: pd.DataFrame) -> None:
+        """The menu lists every program drawn, keeping the one chosen; setting it selects nothing."""
+        options = [(NO_PROGRAM, None)] + [
+            (f"#{int(r['program_id'])} {str(r['name'] or '')[:48]} ({r['verdict'] or r['status']})",
+             int(r["program_id"])) for _, r in last.sort_values("program_id").iterrows()]
+        if options != list(self.picker.options):
+            chosen = self.picker.value
+            self._quiet = True
+            try:
+                self.picker.options = options
+                self.picker.value = chosen if chosen in {v for _, v in options} else None
+            finally:
+                self._quiet = False
+
+    def _picked(self, change: dict[str, Any]) -> None:
+        if change["new"] is not None and not self._quiet:
+            self.select(int(change["new"]))
 
 
 class LatencyPlot(_RunView):
@@ -150,44 +174,44 @@ class LatencyPlot(_RunView):
         self.baselines = dict(baselines or {})
         super().__init__(store, run_id)
 
-    def _draw(self, df: pd.DataFrame) -> None:
-        self.fig.data = []
-        self.fig.layout.shapes = ()
-        self.fig.layout.annotations = ()
+    def _draw(self, fig: go.Figure, df: pd.DataFrame) -> None:
         if df.empty:
             return
         df = with_best_so_far(df).reset_index(drop=True)
         n = list(range(1, len(df) + 1))
         ok = df["verdict"] == "pass"
-        self.fig.add_scatter(x=[n[i] for i in df.index[ok]], y=df.loc[ok, "median_ms"], mode="markers",
-                             name="candidates", marker=dict(size=7, color="#1f77b4"),
-                             hovertext=[_hover(r) for _, r in df[ok].iterrows()], hoverinfo="text")
-        self.fig.add_scatter(x=n, y=df["best_ms"], mode="lines", line=dict(shape="hv", color="#2ca02c"),
-                             name="best so far")
+        fig.add_scatter(x=[n[i] for i in df.index[ok]], y=df.loc[ok, "median_ms"], mode="markers",
+                        name="candidates", marker=dict(size=7, color="#1f77b4"),
+                        hovertext=[_hover(r) for _, r in df[ok].iterrows()], hoverinfo="text")
+        fig.add_scatter(x=n, y=df["best_ms"], mode="lines", line=dict(shape="hv", color="#2ca02c"),
+                        name="best so far")
         lines = dict(self.baselines)
         seeds = df["seed_median_ms"].dropna()
         if not seeds.empty:
             lines.setdefault("seed (same run)", float(seeds.median()))
         for name, ms in lines.items():
             if ms and math.isfinite(ms):
-                self.fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ms, y1=ms,
-                                   line=dict(dash="dash", color="#888"))
-                self.fig.add_annotation(xref="paper", x=1, yref="y", y=ms, text=esc(name), showarrow=False,
-                                        xanchor="right", yanchor="bottom")
-        self.fig.update_xaxes(title="evaluations")
-        self.fig.update_yaxes(title="ms")
+                fig.add_shape(type="line", xref="paper", x0=0, x1=1, yref="y", y0=ms, y1=ms,
+                              line=dict(dash="dash", color="#888"))
+                fig.add_annotation(xref="paper", x=1, yref="y", y=ms, text=esc(name), showarrow=False,
+                                   xanchor="right", yanchor="bottom")
+        fig.update_xaxes(title="evaluations", rangemode="tozero")
+        fig.update_yaxes(title="median latency, slowest rank (ms)", tickformat=".3f")
 
 
 class DesignSpaceMap(W.VBox):
-    """Cells tried and the best latency in each, as a bar chart and a table."""
+    """The best latency per design-space cell, as horizontal bars labelled in plain words (the full cell key on
+    hover; the best `top` cells), and the whole table, rounded, in a collapsed section."""
 
-    def __init__(self, store: Store, run_id: int) -> None:
-        self.store, self.run_id = store, run_id
+    def __init__(self, store: Store, run_id: int, top: int = 15) -> None:
+        self.store, self.run_id, self.top = store, run_id, top
         self.badge = W.HTML()
-        self.fig = go.FigureWidget()
-        self.fig.update_layout(height=300, margin=dict(l=40, r=10, t=30, b=120), title="Best latency per cell")
+        self.fig = FigureBox()
         self.table = W.HTML()
-        super().__init__([self.badge, self.fig, self.table])
+        section = W.Accordion([self.table])
+        section.set_title(0, "all cells (table)")
+        section.selected_index = None
+        super().__init__([self.badge, self.fig, section])
         self.refresh()
 
     def refresh(self) -> None:
@@ -195,9 +219,23 @@ class DesignSpaceMap(W.VBox):
         self.badge.value = badge_html(badge, detail)
         cells = cell_table(run_frame(self.store, self.run_id))
         self.cells = cells
-        with self.fig.batch_update():
-            self.fig.data = []
-            if not cells.empty:
-                self.fig.add_bar(x=[esc(c) for c in cells["cell"]], y=cells["best_ms"],
-                                 hovertext=[f"tried {t}, passed {p}" for t, p in zip(cells["tried"], cells["passed"])])
-        self.table.value = cells.to_html(index=False, escape=True, na_rep="-")
+        shown = cells[cells["best_ms"].notna()].head(self.top).iloc[::-1]  # best at the top
+        labels = short_cells(cells["cell"].tolist())
+        label_of = dict(zip(cells["cell"], labels))
+        fig = go.Figure(layout=dict(height=380, margin=dict(l=10, r=20, t=40, b=50),
+                                    title=f"Best latency per design-space cell (best {self.top})"))
+        if shown.empty:
+            fig.add_annotation(text="no cell has a passing measurement yet", showarrow=False,
+                               xref="paper", yref="paper", x=0.5, y=0.5)
+        else:
+            fig.add_bar(
+                orientation="h", y=[esc(label_of[c]) for c in shown["cell"]], x=shown["best_ms"],
+                text=[fmt_ms(v) for v in shown["best_ms"]], textposition="auto",
+                hovertext=[f"{esc(c)}<br>tried {t}, passed {p}" for c, t, p in
+                           zip(shown["cell"], shown["tried"], shown["passed"])], hoverinfo="text")
+        fig.update_xaxes(title="best median latency (ms)", tickformat=".3f")
+        fig.update_yaxes(automargin=True)
+        self.fig.show(fig)
+        table = cells.assign(cell=labels, best_ms=cells["best_ms"].map(fmt_ms))
+        self.table.value = table.to_html(index=False, escape=True, na_rep="-", classes="cuco-table",
+                                         border=0)

@@ -11,6 +11,9 @@
    (a) 4 ranks under symm (+ MPS): for each of 3 seeds the design-space search (Optuna over the knob block) and
        RANDOM sampling of the same knob space (RandomKnobSource) at the same evaluation budget, interleaved;
    (b) world size 1 under nccl: one seed of the design-space search.
+   Before the searches (within --configs-budget-s), record_configs.py records every sample's benchmark
+   configurations for the programs the notebooks offer (<sample>-configs.sqlite) and a search with failures at
+   L0, L1 and L2 (gemm_allgather-symm2-failures.sqlite), so the replay answers what the widgets offer.
 4. Reports best-vs-seed ratio, evaluations per GPU-hour, build cache hit rate, per-method per-seed best ms and
    which placements won; search vs random is compared on the first N candidates of each (N = the smaller
    count), so the budgets are equal even when a run was stopped early.
@@ -49,6 +52,7 @@ os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the laun
 
 from common import ratio_cell
 from console import progress, say
+from record_configs import record_configs, record_failures
 
 from cuco_kit import markers
 from cuco_kit.evaluate import build as build_mod
@@ -465,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=2)
     ap.add_argument("--per-generation", type=int, default=4, help="proposals per generation")
     ap.add_argument("--parts", default="symm4,nccl1", help="comma list of symm4, nccl1")
+    ap.add_argument("--configs-budget-s", type=float, default=220.0,
+                    help="seconds for the benchmark configurations and the failures run (0: skip them)")
     ap.add_argument("--recycle-every", type=int, default=1000,
                     help="eval commands per warm world before it is replaced (the 72 variants are known kernels)")
     ap.add_argument("--cache-dir", default=None, help="build cache (default: the evaluator's)")
@@ -532,6 +538,8 @@ def main(argv: list[str] | None = None) -> int:
                               "skipped": [], "failed": []}
     args.preset_of = {}
     search_wall, history, fatal = 0.0, [], None
+    recorded_configs: dict[str, Any] = {"configs": [], "skipped": [], "stores": []}
+    recorded_failures: dict[str, Any] = {}
     try:
         # 1. builds
         jobs = [(f"device_lsa {short(v)}", code, b) for b in backends for v, code in variants]
@@ -560,6 +568,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  build FAILED: {f}", flush=True)
         if builds["skipped"]:
             skipped.append(f"{len(builds['skipped'])} prebuilds (over half the budget; built on demand)")
+
+        # 2a. the configurations the notebooks offer, and a run with failures (record_configs.py)
+        if args.configs_budget_s > 0:
+            cfg_deadline = min(deadline - RESERVE_S, time.monotonic() + args.configs_budget_s)
+            print(f"recording benchmark configurations ({args.configs_budget_s:g} s) ...", flush=True)
+            recorded_configs = record_configs(evaluator, dest, cfg_deadline - 30.0, iters=args.iters,
+                                              trials=args.trials)
+            recorded_failures = record_failures(evaluator, dest, cfg_deadline, iters=args.iters)
+            skipped += [f"config {c} (budget)" for c in recorded_configs["skipped"]]
+            print(f"configurations: {len(recorded_configs['configs'])} recorded in {recorded_configs['seconds']} s, "
+                  f"{len(recorded_configs['skipped'])} skipped; failures run: {recorded_failures}", flush=True)
 
         # 2-3. per part (symm4, then nccl1 unless --parts says otherwise): warm the world's rank workers and
         # measure the per-evaluation time (seed + baseline, not recorded), then that part's searches. A part whose
@@ -642,8 +661,9 @@ def main(argv: list[str] | None = None) -> int:
 
     # 4. stores: compaction, replay, recorded_runs
     store_checks = {}
-    for r in runs:
-        p = ROOT / r["store"]  # relative to the repository when the store is in it
+    extra = [*recorded_configs["stores"], *([recorded_failures["store"]] if recorded_failures.get("store") else [])]
+    # run stores are relative to the repository when they are in it
+    for p in [ROOT / r["store"] for r in runs] + [dest / name for name in extra]:
         if not p.exists():
             continue
         sizes = {} if args.no_compact else compact(p)
@@ -687,6 +707,13 @@ def main(argv: list[str] | None = None) -> int:
                        "ok": bool(sc.get("replay", {}).get("ok"))})
         checks.append({"what": f"{name}.sqlite found by workbench.recorded_runs",
                        "ok": f"{name}.sqlite" in found})
+    for name in extra:
+        sc = store_checks.get(name, {})
+        checks.append({"what": f"{name} served by the replay evaluator ({sc.get('replay')})",
+                       "ok": bool(sc.get("replay", {}).get("ok"))})
+    if args.configs_budget_s > 0:
+        checks.append({"what": f"failures run fails at L0, L1 and L2 ({recorded_failures.get('failures_by_level')})",
+                       "ok": {"L0", "L1", "L2"} <= set(recorded_failures.get("failures_by_level") or {})})
     if fatal:
         checks.append({"what": "the script ran to the end (" + fatal.strip().splitlines()[-1][:200] + ")",
                        "ok": False})
@@ -703,6 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"meta": meta, "builds": builds, "warmup": warmup, "throughput": throughput,
               "comparison": comparison, "placements_won": placements_won, "stores": store_checks,
               "recorded_runs_found": sorted(found), "checks": checks, "runs": runs,
+              "recorded_configs": recorded_configs, "recorded_failures": recorded_failures,
               "eval_history_len": len(history), "fatal": fatal}
     text = json.dumps(result, indent=1, default=str)
     (out / "search_bench.json").write_text(text)

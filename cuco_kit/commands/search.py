@@ -37,6 +37,7 @@ from cuco_kit.commands.llm_options import (
 from cuco_kit.commands.model_options import add_model_arguments, models_from_args
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
@@ -51,7 +52,8 @@ from cuco_kit.search.start_point import start_from
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean, one_line
-from cuco_kit.workload import MAX_RANKS, Workload, load_workload
+from cuco_kit.workbench import recorded_runs
+from cuco_kit.workload import MAX_RANKS, Workload, load_workload, parse_overrides
 
 HELP = "evolutionary search over a workload"
 NO_GPU_HINT = ("use --evaluator simulated (a synthetic landscape, numbers badged SIMULATED) or --evaluator replay "
@@ -65,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", required=True, help="SQLite database of the run (resumed if it exists)")
     parser.add_argument("--ranks", type=int, default=1)
     parser.add_argument("--backend", choices=["nccl", "symm"], default="nccl")
+    parser.add_argument("--size", action="append", default=[], metavar="NAME=VALUE",
+                        help="override a workload parameter (repeatable), e.g. --size M=4096")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
@@ -85,33 +89,64 @@ def _check_arguments(args: argparse.Namespace) -> None:
     check_executor_arguments(args)
 
 
-def _check_workload(wl: Workload, args: argparse.Namespace) -> None:
-    """The workload's sizes suit --ranks, and the files the search starts from are readable source text."""
-    wl.check(None, args.ranks)
+def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
+    """The workload's sizes (with --size) suit --ranks, and the files the search starts from are readable source
+    text. Returns the --size overrides."""
+    params = parse_overrides(args.size)
+    wl.check(params, args.ranks)
     if getattr(args, "from_result", None):
-        return  # start_from() checks the result file
+        return params  # start_from() checks the result file
     if not wl.baseline:
         raise BadInput(f"workload {wl.name}: no baseline (the device-initiated program with the knob block) to start "
                        "the search from; set Workload.baseline")
     read_source(wl.path(wl.baseline), f"workload {wl.name}: baseline")
     if args.backend in wl.seeds:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
+    return params
 
 
-def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, workload_name: str) -> EvaluatorSpec:
+def _recorded(wl: Workload) -> list[RecordedConfig]:
+    return [c for c in catalogue(recorded_runs(), {wl.name: wl.params}) if c.workload == wl.name]
+
+
+def _replay_command(wl: Workload, workload_dir: Path, config: RecordedConfig) -> str:
+    sizes = " ".join(f"--size {k}={v}" for k, v in config.params)
+    return (f"cuco search {workload_dir} --evaluator replay --ranks {config.world_size} --backend {config.backend} "
+            f"{sizes}")
+
+
+def _no_gpu_hint(wl: Workload, workload_dir: Path) -> str:
+    recorded = _recorded(wl)
+    if recorded:
+        return (f"{NO_GPU_HINT}; recorded for {wl.name}: {recorded[0].label()}, e.g. "
+                f"`{_replay_command(wl, workload_dir, recorded[0])} --db run.sqlite`")
+    return NO_GPU_HINT
+
+
+def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, wl: Workload,
+                    params: dict[str, int]) -> EvaluatorSpec:
     if args.evaluator == "simulated":
         return EvaluatorSpec("simulated", {"seed": args.seed})
     if args.evaluator == "replay":
-        candidates = [os.environ.get("CUCO_REPLAY_DB"), workload_dir / "replay.db",
-                      Path("benchmarks/search") / f"{workload_name}.db"]
-        for c in candidates:
-            if c and Path(c).is_file():
+        explicit = [c for c in (os.environ.get("CUCO_REPLAY_DB"), workload_dir / "replay.db") if c]
+        for c in explicit:
+            if Path(c).is_file():
                 return EvaluatorSpec("replay", {"path": str(c)})
-        raise BadInput("--evaluator replay needs a replay database: set CUCO_REPLAY_DB, or commit one as "
-                       f"{workload_dir / 'replay.db'} or benchmarks/search/{workload_name}.db")
+        # Found by name: the recordings that hold this workload at this configuration.
+        want = wl.resolve(params)
+        recorded = _recorded(wl)
+        match = [c for c in recorded if (c.world_size, c.backend, c.sizes) == (args.ranks, args.backend, want)]
+        if match:
+            return EvaluatorSpec("replay", {"path": sorted({p for c in match for p in c.paths})})
+        if recorded:
+            raise BadInput(f"--evaluator replay: {miss_hint(recorded, wl.name, args.ranks, args.backend, want)}; "
+                           f"e.g. `{_replay_command(wl, workload_dir, recorded[0])}`")
+        raise BadInput(f"--evaluator replay: no recording of {wl.name} (set CUCO_REPLAY_DB to a replay database, "
+                       f"or record one with benchmarks/search/run.py); --evaluator simulated needs none")
     if args.executor == "local" and not gpu_present():
         # Without a GPU the GPU evaluator measures nothing: every program would end "unavailable" at L1.
-        raise BadInput(f"--evaluator gpu: this machine has no GPU (nvidia-smi lists none); {NO_GPU_HINT}")
+        raise BadInput(f"--evaluator gpu: this machine has no GPU (nvidia-smi lists none); "
+                       f"{_no_gpu_hint(wl, workload_dir)}")
     return EvaluatorSpec("gpu")
 
 
@@ -148,7 +183,10 @@ def _printer(as_json: bool) -> Callable[[Event], None]:
         elif event.kind == "proposal":
             line = f"proposal {d['proposal_id']} ({d['source']}) from program {d['parent_id']}: {d['name']}"
         elif event.kind == "new_best":
-            line = f"NEW BEST program {d['program_id']}: {d['speedup']:.3f}x"
+            sp = d.get("speedup")
+            line = (f"NEW BEST program {d['program_id']}: {sp:.3f}x the seed" if sp is not None and sp > 1.0 else
+                    f"best so far program {d['program_id']}: {sp:.3f}x the seed (not faster than the seed)"
+                    if sp is not None else f"best so far program {d['program_id']}")
         elif event.kind in ("run_state", "log"):
             line = f"{event.kind}: {d.get('state', '')}{d.get('message', '')} {d.get('reason', '')}".rstrip()
         else:
@@ -179,12 +217,12 @@ def run(args: argparse.Namespace) -> int:
     _check_arguments(args)
     workload_dir = Path(args.workload)
     wl = load_workload(workload_dir)
-    _check_workload(wl, args)
+    params = _check_workload(wl, args)
     llm: LLMConfig | None = None
     if args.mutator != "offline":
         llm = llm_config(args)
         check_llm_reachable(llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
-    spec = _evaluator_spec(args, workload_dir, wl.name)
+    spec = _evaluator_spec(args, workload_dir, wl, params)
     db = Path(args.db)
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
@@ -195,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
     except BadInput:
         store.close()
         raise
-    config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed,
+    config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models)
     if args.mutator == "offline":

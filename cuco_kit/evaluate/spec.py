@@ -25,7 +25,8 @@ _PATH_OPTIONS = ("cache_dir", "scratch_root")  # EvaluatorConfig fields that are
 @dataclass
 class EvaluatorSpec:
     """``EvaluatorSpec("simulated", {"seed": 3, "delay_s": 0.2})``, ``EvaluatorSpec("gpu", {"recycle_every":
-    25})`` (EvaluatorConfig fields), ``EvaluatorSpec("replay", {"path": "run.sqlite"})``."""
+    25})`` (EvaluatorConfig fields), ``EvaluatorSpec("replay", {"path": "run.sqlite"})`` (or a list of
+    recordings)."""
 
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
@@ -57,7 +58,8 @@ class EvaluatorSpec:
             return GpuEvaluator(self._gpu_config(visible_devices))
         if self.kind == "simulated":
             return SimulatedEvaluator(**self.options, visible_devices=visible_devices)
-        return ReplayEvaluator(str(self.options["path"]))
+        path = self.options["path"]  # one recording, or a list of them (every recording of a configuration)
+        return ReplayEvaluator(str(path) if isinstance(path, (str, Path)) else [str(p) for p in path])
 
     def prebuild(self, request: EvalRequest) -> None:
         """Build ``request``'s candidate into the build cache ahead of its evaluation (only the GPU evaluator

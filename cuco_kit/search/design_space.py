@@ -113,8 +113,11 @@ class DesignSpaceSource:
                 import torch  # noqa: F401 - probe, as scipy
 
                 self.last_sampler = "GPSampler"
-                return optuna.samplers.GPSampler(seed=seed, n_startup_trials=self.config.n_startup_trials,
-                                                 constraints_func=constraints, deterministic_objective=False)
+                with warnings.catch_warnings():
+                    # Optuna 5 deprecates constraints_func (still honoured) with a FutureWarning per sampler.
+                    warnings.simplefilter("ignore", FutureWarning)
+                    return optuna.samplers.GPSampler(seed=seed, n_startup_trials=self.config.n_startup_trials,
+                                                     constraints_func=constraints, deterministic_objective=False)
             except ImportError as exc:
                 if not self._gp_warned:
                     log.info("design space: GPSampler unavailable (%s); using TPESampler", exc)
@@ -124,7 +127,8 @@ class DesignSpaceSource:
             return optuna.samplers.RandomSampler(seed=seed)
         self.last_sampler = "TPESampler"
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # multivariate/constant_liar are "experimental" in some versions
+            # multivariate/constant_liar are "experimental" in some versions; constraints_func deprecated in 5
+            warnings.simplefilter("ignore")
             return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
                                               n_startup_trials=self.config.n_startup_trials,
                                               constraints_func=constraints)
@@ -238,11 +242,19 @@ class DesignSpaceSource:
         name = "knobs: " + ", ".join(f"{n} {old[n]}->{new[n]}" for n in changed)
         structural = [n for n in changed if any(w in n.lower() for w in _STRUCTURAL_WORDS)]
         tags = ["design_space"] + (["placement"] if structural else []) + [f"knob:{n}" for n in changed]
-        rationale = (f"{self.last_sampler} trial {trial_no} over the knob block of program {parent.id} "
-                     f"({lineage} evaluated children in this lineage): changes {', '.join(changed)}.")
+        plain = markers.plain_knob
+        moves = ", ".join(f"{plain(n)} {plain(old[n])} -> {plain(new[n])}" for n in changed)
+        rationale = (f"Try {moves} on program #{parent.id}: the {_SAMPLER_WORDS.get(self.last_sampler, 'sampler')} "
+                     f"picked this point of the knob block after {lineage} measured sibling(s) "
+                     f"({self.last_sampler}, trial {trial_no}).")
         return Proposal(name=name[:120], rationale=rationale, diff=unified_diff(parent.code, code), tags=tags,
                         source="design_space", parent_id=parent.id, code=code,
                         meta={"sampler": self.last_sampler, "trial": trial_no, "params": new})
+
+
+_SAMPLER_WORDS = {"GPSampler": "Gaussian-process model of the measured points",
+                  "TPESampler": "tree-structured Parzen estimator over the measured points",
+                  "RandomSampler": "random sampler"}
 
 
 class RandomKnobSource:

@@ -145,7 +145,7 @@ def test_replay_evaluator_serves_real_rows_and_misses_honestly(tmp_path: Path) -
                             params={"N": 8192}),
                 EvalRequest(candidate_code=sim_code, workload_dir=str(wl), world_size=4, backend="symm")):
         miss = rep.evaluate(req)
-        assert miss.verdict == "unavailable" and miss.reason == MISS_REASON and miss.median_ms is None
+        assert miss.verdict == "unavailable" and miss.reason.startswith(MISS_REASON) and miss.median_ms is None
     assert rep.hits == 1 and rep.misses == 4
     with pytest.raises(BadInput):
         ReplayEvaluator(tmp_path / "nope.db")

@@ -1,6 +1,7 @@
 """Widget state without a browser: clicks, trait changes and queue decisions."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from types import SimpleNamespace
@@ -122,11 +123,13 @@ def test_lineage_latency_cells_from_store(run_store):
     assert "SIMULATED" in tree.badge.value
     picked = []
     tree.on_select(picked.append)
-    from plotly.callbacks import InputDeviceState, Points
-
-    passed._dispatch_on_click(Points(point_inds=[0], xs=[], ys=[], trace_name="passed", trace_index=1),
-                              InputDeviceState())
+    assert {v for _, v in tree.picker.options} == {None, *kids}  # every program evaluated
+    tree.refresh()  # a redraw keeps the menu and selects nothing
+    assert picked == [] and tree.picker.value is None
+    tree.picker.value = passed.customdata[0]
     assert picked == [passed.customdata[0]]
+    shown = tree.fig.outputs[0]["data"]["application/vnd.plotly.v1+json"]  # strict JSON, as the browser gets it
+    assert shown["layout"]["title"]["text"].startswith("Lineage") and json.dumps(shown, allow_nan=False)
 
     lat = LatencyPlot(st, rid, baselines={"cuBLAS alone": 0.9})
     best = [t for t in lat.fig.data if t.name == "best so far"][0]
@@ -213,9 +216,13 @@ def test_eval_cell_returns_at_once_and_tabulates(repo_root):
 class _FakeGate:
     def __init__(self) -> None:
         self.decisions: list[tuple] = []
+        self.mode = "manual"
 
     def decide(self, proposal_id, decision, code=None):
         self.decisions.append((proposal_id, decision, code))
+
+    def set_mode(self, mode):
+        self.mode = mode
 
 
 class _FakeEngine:
@@ -240,10 +247,12 @@ def test_run_dashboard_queue_buttons_and_throttle(run_store):
                           code="int b;\n")
     eng = _FakeEngine(st, rid)
     dash = RunDashboard(eng, interval=0.2)
-    assert len(dash.queue.children) == 1
-    dash.queue.children[0].approve.click()
+    assert len(dash.queue.list.children) == 1 and EVIL not in dash.queue.list.children[0].summary.value
+    dash.queue.list.children[0].approve.click()
     assert eng.gate.decisions == [(pid, "approved", None)]
     dash.pause_b.click()
+    eng.state = "paused"
+    dash._refresh.flush()
     dash.resume_b.click()
     dash.stop_b.click()
     assert eng.calls == ["pause", "resume", "stop"]

@@ -9,11 +9,13 @@ import pytest
 
 from cuco_kit import smoke
 from cuco_kit import workbench as wb
+from cuco_kit.badges import label
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.fastpath import FastPath
 from cuco_kit.llm import fixtures
+from cuco_kit.report import run_badge
 
 
 @pytest.fixture()
@@ -58,7 +60,7 @@ def test_smoke_run_replays_the_newest_recording(tmp_path: Path, monkeypatch: pyt
         assert isinstance(choice.evaluator, ReplayEvaluator) and choice.recorded is not None
         assert choice.recorded.path == copy and choice.recorded.evaluations > 0
         assert choice.note == wb.Note(choice.message, "replayed") and str(choice) == choice.message
-        assert choice.message.startswith("smoke run: showing the recorded real run")
+        assert choice.message.startswith("smoke run: replaying real measurements")
         cfg = wb.replay_config(choice)
         assert cfg is not None and "workload_dir" not in cfg
     finally:
@@ -84,7 +86,8 @@ def test_finished_run_of_a_given_database_and_what_won(tmp_path: Path):
         assert note.badge == "info" and note.text.startswith(f"run {run_id} of ")
         won = wb.what_won(store, run_id)
         assert won.program is not None and won.note.text.startswith(f"best candidate: #{won.program['id']}")
-        assert won.note.text.endswith(f"[{won.note.badge}]") and "changed" in won.knobs.columns
+        assert won.note.text.endswith(f"[{label(won.note.badge, run_badge(store, run_id)[1])}]")
+        assert won.note.badge == "replayed" and "changed" in won.knobs.columns
     finally:
         store.close()
 
