@@ -33,6 +33,13 @@ MAX_BYTES_PER_RANK = 1 << 40
 # it, or the end-to-end time that includes the host's launches.
 TIMINGS = ("device", "end_to_end")
 
+# What a candidate's outputs are checked against (Workload.oracle; docs/contracts.md): the workload's torch
+# reference, or the workload's own seed run on the same fresh inputs in the same world (differential
+# verification, for an imported program whose reference nobody has written yet).
+Oracle = Literal["reference", "seed"]
+ORACLES: tuple[str, ...] = ("reference", "seed")
+ORACLE_LABELS = {"reference": "the torch reference", "seed": "the seed's outputs (differential)"}
+
 # Sizes of the dtypes the ABI knows (cuco_dtype_t in cuco_abi.h, same order).
 DTYPES: dict[str, tuple[int, int]] = {  # name -> (cuco_dtype_t, bytes per element)
     "u8": (0, 1),
@@ -109,10 +116,16 @@ class Workload:
     # the default) or "end_to_end" (host launches included: for workloads where launch overhead is the point).
     # Both are measured and reported either way.
     timing: str = "device"
+    # What verification compares with (ORACLES): "reference" (the torch reference above, the default) or "seed"
+    # (the seed for the evaluated backend, run by the harness on the same inputs in the same world just before
+    # the candidate; the seed itself is then not verified, only run). An imported program starts with "seed".
+    oracle: Oracle = "reference"
 
     def __post_init__(self) -> None:
         if self.timing not in TIMINGS:
             raise BadInput(f"workload {self.name}: timing {self.timing!r}; use one of {', '.join(TIMINGS)}")
+        if self.oracle not in ORACLES:
+            raise BadInput(f"workload {self.name}: oracle {self.oracle!r}; use one of {', '.join(ORACLES)}")
 
     def resolve(self, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
         """Default parameters with overrides applied; unknown names are an error, not silently ignored."""
