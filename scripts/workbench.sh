@@ -12,7 +12,9 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
   shift
 fi
 stamp="$repo/.venv/.cuco-installed"
-if [ ! -x "$repo/.venv/bin/jupyter" ] || [ ! -f "$stamp" ] || [ "$repo/pyproject.toml" -nt "$stamp" ]; then
+# Reinstall unless the stamp is strictly newer than pyproject.toml: "pyproject -nt stamp" would call an edit made
+# within the file system's timestamp granule up to date.
+if [ ! -x "$repo/.venv/bin/jupyter" ] || [ ! -f "$stamp" ] || ! [ "$stamp" -nt "$repo/pyproject.toml" ]; then
   bash "$repo/scripts/setup-env.sh" dev
 fi
 export PATH="$repo/.venv/bin:$PATH"
