@@ -401,7 +401,8 @@ class GpuEvaluator:
         limit = self.cfg.seed_step_limit_s
         if seed_res is not None and seed_res.median_ms is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)
-        cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline)
+        cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline,
+                   timeline_iters=req.timeline_iters)
         if stress_so is not None:
             cmd["stress"] = {"so_path": str(stress_so), "max_delay_ns": int(self.cfg.stress_max_delay_us * 1000),
                              "permille": int(self.cfg.stress_permille)}

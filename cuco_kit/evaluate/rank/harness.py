@@ -272,7 +272,7 @@ class _Evaluation:
             reply["l2_seconds"] = round(time.monotonic() - t0, 4)
             reply.update(ok=True, verdict="pass", level="L3", **self._timed())
             if self.cmd.get("timeline"):
-                reply["timeline"] = self._profiled_iteration()
+                reply["timeline"] = self._profiled_iterations(max(1, int(self.cmd.get("timeline_iters", 1))))
         except CandidateFailure as f:
             reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
         except OracleMissing as exc:
@@ -795,13 +795,18 @@ class _Evaluation:
         return {"times_ms": device if score == "device" else e2e, "device_ms": device or None, "e2e_ms": e2e,
                 "timing": score}
 
-    def _profiled_iteration(self) -> list[dict[str, Any]]:
-        """One more iteration under torch.profiler (CUDA activity): every kernel the step launched, from the
-        candidate's library too, with its stream and ns timestamps, held as the device time is (when it can be).
-        Never part of the timed numbers."""
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            self._step(trial=3000, what="profiled iteration", level="L3", verify=False, held=self.holdable)
-        return kernel_rows(prof.events(), self.h.rank)
+    def _profiled_iterations(self, n: int) -> list[dict[str, Any]]:
+        """``n`` more iterations, each under a torch.profiler of its own (CUDA activity): every kernel the step
+        launched, from the candidate's library too, with its stream and ns timestamps, held as the device time is
+        (when it can be). A profile per iteration keeps each iteration's rows apart (row key "iteration"), so the
+        kernels of one step can be told from the next step's input preparation. Never part of the timed numbers."""
+        rows: list[dict[str, Any]] = []
+        for i in range(n):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                self._step(trial=3000 + i, what=f"profiled iteration {i + 1}/{n}", level="L3", verify=False,
+                           held=self.holdable)
+            rows += [{**r, "iteration": i} for r in kernel_rows(prof.events(), self.h.rank)]
+        return rows
 
 
 def kernel_rows(events: Any, rank: int) -> list[dict[str, Any]]:
