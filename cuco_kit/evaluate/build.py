@@ -8,11 +8,14 @@ wheel, so the candidate binds to the same libraries torch already loaded in the 
 The cache key covers everything that changes the binary: the code, the backend, the exact nvcc command, the
 nvcc version, the NCCL header version and the runtime headers' bytes. A finished build is moved into the cache
 with an atomic rename, so a reader sees either nothing or a complete ``.so``; the compiler log sits next to it.
-Failed builds leave a log but never a ``.so``, and are not cached (a timeout may be transient).
+Failed builds leave a log but never a ``.so``, and are not cached (a timeout may be transient). Threads and
+processes sharing a cache (several evaluators, the gpu tier's parallel tests) build a key once: a builder holds
+an flock on ``<key>.lock`` while nvcc runs, and the others wait for it and then find the ``.so``.
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -22,7 +25,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -259,6 +263,18 @@ def _run_nvcc(cmd: Sequence[str], cwd: Path, timeout_s: float) -> tuple[int | No
         return None, (out or "") + f"\nnvcc timed out after {timeout_s:g} s and was killed"
 
 
+@contextmanager
+def _one_builder(cache: Path, key: str) -> Iterator[None]:
+    """Hold the key's lock (flock: released by the kernel if the holder dies) while building it. Only saves the
+    duplicate compile: the build is atomic without it."""
+    with open(cache / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build(code: str, backend: str, cfg: BuildConfig | None = None,
           cache_dir: str | Path | None = None) -> BuildResult:
     """Build ``code`` for ``backend`` into ``<cache_dir>/<key>.so`` unless that file exists already."""
@@ -270,9 +286,19 @@ def build(code: str, backend: str, cfg: BuildConfig | None = None,
     so_path = cache / f"{key}.so"
     log_path = cache / f"{key}.log"
     if so_path.exists():
-        log = log_path.read_text(errors="replace") if log_path.exists() else ""
-        return BuildResult(True, so_path, log, time.monotonic() - t0, True, key)
+        return BuildResult(True, so_path, _log(log_path), time.monotonic() - t0, True, key)
+    with _one_builder(cache, key):
+        if so_path.exists():  # another thread or process built it while this one waited
+            return BuildResult(True, so_path, _log(log_path), time.monotonic() - t0, True, key)
+        return _compile(code, backend, cfg, cache, key, t0)
 
+
+def _log(log_path: Path) -> str:
+    return log_path.read_text(errors="replace") if log_path.exists() else ""
+
+
+def _compile(code: str, backend: str, cfg: BuildConfig, cache: Path, key: str, t0: float) -> BuildResult:
+    so_path, log_path = cache / f"{key}.so", cache / f"{key}.log"
     work = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=cache))
     try:
         src, out = work / "candidate.cu", work / "candidate.so"
