@@ -18,8 +18,9 @@ import numpy as np
 from cuco_kit.evaluate.stats import bootstrap_ci, speedup_ci
 
 # The harness's own kernels in a held step (runtime/harness_helpers.cu): the hold and, under the harness, the
-# device barrier after it. The product is whatever the step ran after the last of them.
-HARNESS_OWN = re.compile(r"\b(hold|barrier)_kernel\b")
+# device barrier after it. The product is whatever the step ran after the last of them. No word boundaries: a
+# mangled name (_ZN12_GLOBAL__N_111hold_kernelEPKmmmPVi) must match too.
+HARNESS_OWN = re.compile(r"(hold|barrier)_kernel")
 
 Rows = Sequence[Mapping[str, Any]]
 

@@ -1,6 +1,7 @@
 """Launch bias of the harness's timing, in one command: at world size 1, cublas_alone.cu (one cublasGemmEx per step,
 benchmarks/gemm_allgather/) under the harness against torch.matmul timed the same way in the same run, at
-M = N = K = 1024, 2048, 4096 and 8192.
+M = N = K = 1024, 2048, 4096 and 8192 (the harness at every size, then torch at every size in one child: each
+side is judged against itself first, so the two need not alternate).
 
 "The same way" is the harness's device timing (docs/timing.md): cold L2 (the 256 MB flush), fresh inputs, the
 stream held by the harness's own blocking kernel (libcuco_harness.so: cuco_h_hold / cuco_h_release) while the
@@ -227,22 +228,18 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EvaluatorConfig()
     ev = GpuEvaluator(cfg)
     helpers = build_helpers(cfg.cache_dir, cfg.build)
-    rows: list[dict[str, Any]] = []
-    torch_version: str | None = None
     try:
-        for n in args.sizes:  # the harness and torch at each size in turn, in the same run
-            h = harness_side(ev, n, args.iters, args.warmup, args.profiled)
-            t = torch_child(TORCH_HELD, helpers, args.iters, args.warmup, args.profiled, n)
-            torch_version = t.get("torch") or torch_version
-            row = size_row(n, h, t, args.bar)
-            rows.append(row)
-            print(f"launch_bias: {n}: harness bias {row['harness']['bias']}, torch bias {row['torch']['bias']}, "
-                  f"ratio {row['bias_ratio']} {row['bias_ratio_ci']} {'pass' if row['ok'] else 'FAIL'}", flush=True)
+        runs = {n: harness_side(ev, n, args.iters, args.warmup, args.profiled) for n in args.sizes}
     finally:
-        ev.close()
+        ev.close()  # torch gets the GPU to itself
+    t = torch_child(TORCH_HELD, helpers, args.iters, args.warmup, args.profiled, *args.sizes)
+    rows = [size_row(n, runs[n], t, args.bar) for n in args.sizes]
+    for row in rows:
+        print(f"launch_bias: {row['n']}: harness bias {row['harness']['bias']}, torch bias {row['torch']['bias']}, "
+              f"ratio {row['bias_ratio']} {row['bias_ratio_ci']} {'pass' if row['ok'] else 'FAIL'}", flush=True)
     first = next((r["harness_run"] for r in rows if r["harness_run"].get("gpu")), {})
     meta = {"gpu": gpus[0]["name"], "driver": gpus[0].get("driver_version"), "nccl": first.get("nccl"),
-            "torch": torch_version, "git": git_revision(),
+            "torch": t.get("torch"), "git": git_revision(),
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "iters": args.iters,
             "warmup": args.warmup, "profiled": args.profiled, "bar": args.bar, "ci_level": CI_LEVEL,
             "wall_s": round(time.monotonic() - t0, 1)}

@@ -140,6 +140,15 @@ def run_part(name: str, marker: str, workers: int, limit_s: float, out: Path, en
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+
+    def ended_from_outside(signum: int, frame: Any) -> None:  # e.g. device_samples.sh's own timeout: take pytest along
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, ended_from_outside)
     lines: list[str] = []
 
     def copy() -> None:
@@ -168,6 +177,7 @@ def run_part(name: str, marker: str, workers: int, limit_s: float, out: Path, en
             except subprocess.TimeoutExpired:
                 continue
         print(f"== gpu tier, {name} part: over its {limit_s:.0f} s, ended", flush=True)
+    signal.signal(signal.SIGTERM, previous)
     reader.join(timeout=10)
     leftover = live_worker_pids()
     for pid in leftover:

@@ -56,6 +56,9 @@ def test_the_product_is_everything_after_the_harness_own_kernels() -> None:
     unheld = [r for r in _step(6.3) if r["name"] not in (HOLD, BARRIER)]
     assert bias_check.product_us(unheld) is None  # no hold: nothing tells the product from the preparation
     assert bias_check.product_us([r for r in _step(6.3) if r["name"] != GEMM]) is None
+    mangled = [{**r, "name": "_ZN12_GLOBAL__N_111hold_kernelEPKmmmPVi"} if r["name"] == HOLD else r
+               for r in _step(6.3, barrier=False)]
+    assert bias_check.product_us(mangled) == pytest.approx(6.3)
 
 
 def test_timeline_rows_are_split_per_profiled_step() -> None:
