@@ -20,7 +20,7 @@ FAKE_NVCC = textwrap.dedent(
     """\
     #!{python}
     # Stands in for nvcc: '--version' prints a version; otherwise '#error' in the source fails like a compile
-    # error, 'SLEEP_FOREVER' hangs, 'SLOW' takes two seconds, anything else writes the -o file. Each compile
+    # error, 'SLEEP_FOREVER' hangs, 'SLOW' takes a second, anything else writes the -o file. Each compile
     # appends a line to $FAKE_NVCC_LOG.
     import os, sys, time
     args = sys.argv[1:]
@@ -36,7 +36,7 @@ FAKE_NVCC = textwrap.dedent(
     if "SLEEP_FOREVER" in code:
         time.sleep(600)
     if "SLOW" in code:
-        time.sleep(2)
+        time.sleep(1)
     open(out, "wb").write(b"ELF-fake " + code.encode())
     """
 )
