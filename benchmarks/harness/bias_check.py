@@ -26,7 +26,8 @@ Rows = Sequence[Mapping[str, Any]]
 
 
 def steps_of(timeline: Rows) -> list[list[Mapping[str, Any]]]:
-    """A harness timeline (EvalResult.timeline, rows with "iteration") -> one list of rows per profiled step."""
+    """One rank's timeline (EvalResult.timeline at world size 1; rows with "iteration") -> one list of rows per
+    profiled step."""
     steps: dict[int, list[Mapping[str, Any]]] = {}
     for r in timeline:
         steps.setdefault(int(r.get("iteration", 0)), []).append(r)

@@ -16,8 +16,8 @@ which part runs it):
 The rules a gpu test follows for this: one that measures time or looks at the whole machine is marked `serial`;
 one that faults the GPU on purpose keeps its ranks out of the shared daemon (the sanitizer test of
 test_fastpath_gpu.py) or is serial, since a fault may disturb the other clients of an MPS server; a module frees
-the worlds it will not use again (evaluator.pool.close()), so the parallel part stays within the server's client
-limit (48 per GPU) and the GPU's memory.
+the worlds it will not use again (evaluator.pool.close()), so the parallel part stays well within the server's
+limit on clients (a few dozen per GPU; about 30 rank processes at most here) and the GPU's memory.
 
 --quick (gpu_quick, 300 s): CUCO_GPU_QUICK=1, so the tests and cases marked `slow` are left out and the benchmark
 scripts behind the tests run at their smaller settings (tests/gpu/conftest.py); every file still runs a check.
