@@ -107,7 +107,7 @@ def prebuild(config: EvaluatorConfig, request: EvalRequest, *, stress: bool | No
     ok = bool(build(request.candidate_code, request.backend, cfg, config.cache_dir).ok)
     if stress is None:
         stress = config.stress and request.world_size > 1
-    if ok and stress and has_stress_hooks(request.candidate_code):
+    if ok and stress and has_stress_hooks(request.candidate_code, request.backend):
         build(request.candidate_code, request.backend, stress_config(cfg), config.cache_dir)
     return ok
 
@@ -246,7 +246,7 @@ class GpuEvaluator:
         bcfg = for_workload(self.cfg.build, wl.directory)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the stress build beside the timed one
             stress_job = (pool.submit(build, req.candidate_code, req.backend, stress_config(bcfg), self.cfg.cache_dir)
-                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code) else None)
+                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code, req.backend) else None)
             b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
             sb: BuildResult | None = stress_job.result() if stress_job is not None else None
         logs["build"] = _tail(b.log)
