@@ -170,8 +170,8 @@ class GpuEvaluator:
 
     def _wants_stress(self, request: EvalRequest) -> bool:
         """Whether the request's L2 trials run stressed (world > 1, and a GPU to run them: no second build for
-        nothing); the stress BUILD is only made for a candidate that has the runtime's primitives to instrument,
-        the others get the harness's late-rank jitter alone."""
+        nothing); the stress BUILD is only made for a candidate that has waits to instrument (the runtime's
+        primitives; host NCCL under symm), the others get the harness's late-rank jitter alone."""
         return self.cfg.stress and request.world_size > 1 and bool(self._detect())
 
     def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,

@@ -135,6 +135,15 @@ def test_runtime_header_change_invalidates(fake_cfg: B.BuildConfig, tmp_path: Pa
     assert B.cache_key(CODE, "nccl", fake_cfg) != before
 
 
+def test_symm_nccl_header_change_invalidates(fake_cfg: B.BuildConfig) -> None:
+    compat = fake_cfg.runtime_dir / "symm_nccl"
+    compat.mkdir()
+    (compat / "nccl.h").write_text("/* compat */\n")
+    before = B.cache_key(CODE, "symm", fake_cfg)
+    (compat / "nccl.h").write_text("/* compat, edited */\n")
+    assert B.cache_key(CODE, "symm", fake_cfg) != before
+
+
 def test_nccl_header_version_is_part_of_the_key(fake_cfg: B.BuildConfig) -> None:
     before = B.cache_key(CODE, "nccl", fake_cfg)
     assert fake_cfg.nccl_include is not None
@@ -173,6 +182,10 @@ def test_nvcc_command_per_backend(fake_cfg: B.BuildConfig) -> None:
     assert "-DCUCO_BUILD_SYMM=1" in symm and "-DCUCO_BUILD_SYMM=1" not in nccl
     assert "-l:libnccl.so.2" in nccl and f"-rpath={fake_cfg.nccl_lib}" in nccl
     assert not any("nccl.so" in a for a in symm)
+    # under symm, <nccl.h> is the compat header: its folder comes before every other include dir (the wheel's)
+    compat = f"-I{fake_cfg.runtime_dir / 'symm_nccl'}"
+    includes = [a for a in symm if a.startswith("-I")]
+    assert includes[0] == compat and f"-I{fake_cfg.nccl_include}" in includes and compat not in nccl
     with pytest.raises(BadInput, match="unknown backend"):
         B.nvcc_command("a.cu", "a.so", "mpi", fake_cfg)
 
@@ -225,7 +238,8 @@ def test_version_mismatch_is_refused() -> None:
 def test_supported_backends() -> None:
     assert B.supported_backends('#include "cuco_lsa.h"\n') == ("nccl", "symm")
     assert B.supported_backends('#include "cuco_abi.h"\n') == ("nccl", "symm")
-    assert B.supported_backends("#include <nccl.h>\n") == ("nccl",)
+    assert B.supported_backends("#include <nccl.h>\n") == ("nccl", "symm")  # symm: runtime/symm_nccl/nccl.h
+    assert B.supported_backends("// cuco: backends=nccl\n#include <nccl.h>\n") == ("nccl",)
     assert B.supported_backends("// cuco: backends=symm\n#include <nccl.h>\n") == ("symm",)
     assert B.supported_backends("// cuco: backends=nccl, symm\n") == ("nccl", "symm")
     with pytest.raises(BadInput, match="backends"):

@@ -209,8 +209,13 @@ def test_stress_config_and_which_sources_have_hooks() -> None:
     cfg = B.stress_config(B.BuildConfig(extra_flags=("-DX=1",)))
     assert cfg.extra_flags == ("-DX=1", B.STRESS_DEFINE) and B.stress_config(cfg) == cfg
     assert B.STRESS_DEFINE in B.nvcc_command("a.cu", "a.so", "symm", cfg)
-    assert B.has_stress_hooks((ROOT / "tests" / "data" / "adversarial" / "flag_before_stores.cu").read_text())
-    assert not B.has_stress_hooks((ROOT / "sample_kernels" / "allgather" / "seed_copy.cu").read_text())
+    races = (ROOT / "tests" / "data" / "adversarial" / "flag_before_stores.cu").read_text()
+    assert B.has_stress_hooks(races, "symm") and B.has_stress_hooks(races, "nccl")
+    copies = (ROOT / "sample_kernels" / "allgather" / "seed_copy.cu").read_text()
+    assert not B.has_stress_hooks(copies, "symm") and not B.has_stress_hooks(copies, "nccl")
+    # host NCCL waits in the symm layer's flag kernels (which pause); under nccl they are NCCL's own
+    host_nccl = (ROOT / "sample_kernels" / "allgather" / "seed_nccl.cu").read_text()
+    assert B.has_stress_hooks(host_nccl, "symm") and not B.has_stress_hooks(host_nccl, "nccl")
 
 
 def test_simulated_results_carry_both_timings() -> None:
