@@ -109,6 +109,6 @@ WORKLOAD = Workload(
     ],
     reference=_reference,
     seeds={"nccl": "host_nccl_ops.cu", "symm": "host_nccl_ops.cu"},
-    size_presets={"small": {}, "large": {"N": 6 << 20, "M": 3 << 20, "S": 1 << 20, "D": 333331, "T": 1 << 19,
+    size_presets={"small": {}, "large": {"N": 6 << 20, "M": 3 << 20, "S": 3 << 20, "D": 333331, "T": 1 << 19,
                                          "U": 1 << 18}},
 )
