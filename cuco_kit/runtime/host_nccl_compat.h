@@ -244,7 +244,7 @@ struct ncclComm {
   uint64_t sent[CUCO_MAX_RANKS], received[CUCO_MAX_RANKS];  // point-to-point chunks so far, per peer
   cudaStream_t last_stream;    // the stream of the last enqueued work (serialisation across streams)
   bool any_work;
-  cudaEvent_t join;            // made at the first change of stream
+  cudaEvent_t join;            // made at the first change of stream; kept (one per load): no CUDA call at dlclose
 };
 
 namespace cuco_host_nccl {
@@ -330,11 +330,6 @@ static ncclResult_t begin_on(cudaStream_t s) {
   comm_.last_stream = s;
   comm_.any_work = true;
   return ncclSuccess;
-}
-
-/* The event made at the first change of stream goes with the library (dlclose at the end of each load). */
-__attribute__((destructor)) static void release_events() {
-  if (comm_.join != nullptr) cudaEventDestroy(comm_.join);
 }
 
 /* ---- host side: launches --------------------------------------------------------------------------------- */
