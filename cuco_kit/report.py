@@ -19,7 +19,7 @@ from cuco_kit.store import Store
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
            "island", "cell", "knobs", "status", "level_reached", "verdict", "reason", "median_ms", "spread_ms",
            "seed_median_ms", "speedup", "speedup_ci", "claim", "flagged", "badge", "world_size", "backend", "gpu",
-           "date", "timing", "device_ms", "e2e_ms"]
+           "date", "timing", "device_ms", "e2e_ms", "oracle"]
 
 
 def run_frame(store: Store, run_id: int) -> pd.DataFrame:
@@ -42,6 +42,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "flagged": bool(e.get("flagged")), "badge": e.get("badge"),
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
             "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
+            "oracle": (e.get("result") or {}).get("oracle"),
         })
     return pd.DataFrame(rows, columns=COLUMNS)
 

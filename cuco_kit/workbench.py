@@ -18,7 +18,7 @@ from typing import Any
 from cuco_kit import smoke
 from cuco_kit.badges import label
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import EvalRequest, Evaluator
+from cuco_kit.evaluate.api import EvalRequest, Evaluator, checked_against
 from cuco_kit.evaluate.device import describe_gpus
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.evaluate.recordings import recording_files, sizes_text
@@ -452,7 +452,7 @@ def sweep(evaluator: Evaluator, workload_dir: str | Path, candidate: str, preset
         rows.append({"sizes": name, **wl.resolve(params), "ranks": world_size, "backend": backend,
                      "level": res.level_reached, "verdict": res.verdict, "median_ms": res.median_ms,
                      "seed_ms": res.seed_median_ms, "speedup": res.speedup, "badge": res.badge,
-                     "reason": res.reason})
+                     "checked": checked_against(res.oracle), "reason": res.reason})
     return pd.DataFrame(rows)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from cuco_kit.evaluate.api import checked_against
 from cuco_kit.store import Store
 
 from ._common import esc
@@ -34,9 +35,11 @@ def _outcome(store: Store, program_id: int | None) -> str:
     if not evs:
         return "waiting for evaluation"
     e = evs[-1]
+    oracle = (e.get("result") or {}).get("oracle")
+    against = f" ({checked_against(oracle)})" if oracle else ""
     if e.get("verdict") == "pass" and e.get("speedup") is not None:
-        return f"pass, {e['speedup']:.2f}x the seed"
-    return f"{e.get('verdict') or e.get('status')} at {e.get('level_reached') or '-'}"
+        return f"pass, {e['speedup']:.2f}x the seed{against}"
+    return f"{e.get('verdict') or e.get('status')} at {e.get('level_reached') or '-'}{against}"
 
 
 class _Row(W.VBox):

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import ipywidgets as W
 
+from cuco_kit.evaluate.api import checked_against
 from cuco_kit.events import Event
 from cuco_kit.report import ratio_text
 
@@ -111,6 +112,8 @@ class RunDashboard(W.VBox):
         metrics = (f"verdict <b>{esc(last.get('verdict'))}</b> at {esc(last.get('level_reached'))}; "
                    f"median {fmt_ms(last.get('median_ms'))}; speed-up over the seed "
                    f"{esc(ratio_text(last.get('speedup'), (last.get('result') or {}).get('speedup_ci')))}"
+                   + (f"; {esc(checked_against((last.get('result') or {}).get('oracle')))}"
+                      if (last.get("result") or {}).get("oracle") else "")
                    + (f"; reason {esc(last.get('reason'))}" if last.get("reason") else "")) \
             if last else "not evaluated yet"
         self.detail.value = (f"<h4>#{program_id} {esc(p.get('name'))} ({esc(p.get('source'))})</h4>"

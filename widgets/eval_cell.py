@@ -13,7 +13,7 @@ from typing import Any
 import ipywidgets as W
 import pandas as pd
 
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, timing_medians
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, checked_against, timing_medians
 from cuco_kit.evaluate.recordings import RecordedConfig
 from cuco_kit.report import claim, ratio_text
 from cuco_kit.workload import load_workload
@@ -135,6 +135,7 @@ class EvalCell(W.VBox):
                "device_ms": timing_medians(res.timing)[1], "e2e_ms": timing_medians(res.timing)[2],
                "speedup": res.speedup, "speedup_ci": res.speedup_ci, "claim": claim(res.speedup, res.speedup_ci),
                "flagged": res.flagged, "badge": res.badge, "reason": res.reason,
+               "checked": checked_against(res.oracle),
                "gpu": res.provenance.get("gpu")}
         with self._lock:
             self.results.append(row)

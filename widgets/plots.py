@@ -15,6 +15,7 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
+from cuco_kit.evaluate.api import checked_against
 from cuco_kit.report import cell_table, ratio_text, run_badge, run_frame, short_cells, with_best_so_far
 from cuco_kit.store import Store
 
@@ -35,6 +36,8 @@ def _hover(row: pd.Series) -> str:
         parts.append(f"device {fmt_ms(row['device_ms'])}, end to end {fmt_ms(row['e2e_ms'])}")
     if pd.notna(row["speedup"]):
         parts.append(f"speed-up vs seed: {ratio_text(row['speedup'], row['speedup_ci'])}")
+    if isinstance(row.get("oracle"), str):
+        parts.append(esc(checked_against(row["oracle"])))
     if row["verdict"] != "pass" and row["reason"]:
         parts.append(f"reason: {esc(str(row['reason'])[:80])}")
     return "<br>".join(parts)

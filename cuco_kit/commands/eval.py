@@ -15,7 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, timing_medians
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, checked_against, timing_medians
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
@@ -107,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
                     + (f" - {res.reason}" if res.reason else "")))
         if not_run:
             print(f"levels not evaluated: {', '.join(not_run)}")
+        if res.oracle is not None:
+            print(f"outputs {checked_against(res.oracle)}")
         if res.median_ms is not None:
             print(f"median {res.median_ms:.4f} ms (p10-p90 spread {res.spread_ms:.4f} ms) over "
                   f"{len(res.iteration_ms or [])} iterations, max over {args.ranks} rank(s)")

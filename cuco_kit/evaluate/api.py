@@ -18,8 +18,9 @@ Verdict = Literal["pass", "fail", "error", "unavailable"]
 Badge = Literal["real", "replayed", "simulated", "unmeasured"]
 LEVELS: tuple[Level, ...] = ("L0", "L1", "L2", "L3")
 # The result contract (docs/contracts.md). 2: `timing` (device and end-to-end times beside the score). 3:
-# `seed_iteration_ms` and `speedup_ci`, and `version` itself; a stored result without one is version 1 or 2.
-RESULT_VERSION = 3
+# `seed_iteration_ms` and `speedup_ci`, and `version` itself; a stored result without one is version 1 or 2. 4:
+# `oracle`.
+RESULT_VERSION = 4
 
 # A progress callback receives small dicts such as
 #   {"level": "L2", "rank": 1, "step": "verify", "done": 3, "total": 10}
@@ -78,6 +79,10 @@ class EvalResult:
     # Both timings of a passing result: {"score": "device" | "end_to_end" (which one median_ms is), "device":
     # {median_ms, spread_ms, iteration_ms} or None (the step cannot be held), "end_to_end": {...}, "note": str}.
     timing: dict[str, Any] | None = None
+    # What the outputs were checked against (cuco_kit.workload.ORACLES): "reference" (the workload's torch
+    # reference) or "seed" (the seed's own outputs on the same inputs in the same world); None when nothing was
+    # verified (L0/L1 only, or numbers that were not measured here).
+    oracle: str | None = None
     logs: dict[str, str] = field(default_factory=dict)  # "build", "rank0", ... (tails, never parsed for results)
     provenance: dict[str, Any] = field(default_factory=dict)  # gpu, driver, cuda, nccl, mps, git, date, world...
     version: int = RESULT_VERSION
@@ -104,6 +109,12 @@ class Evaluator(Protocol):
     a result with verdict "fail"; they raise only for misuse (unknown workload, bad request)."""
 
     def evaluate(self, request: EvalRequest, progress: Progress | None = None) -> EvalResult: ...
+
+
+def checked_against(oracle: str | None) -> str:
+    """How every view names a result's oracle (EvalResult.oracle)."""
+    return {"reference": "checked against the torch reference",
+            "seed": "checked against the seed's outputs (differential)"}.get(oracle or "", "not verified")
 
 
 FLAG_SPEEDUP = 3.0  # above this over the seed, a result is flagged for review

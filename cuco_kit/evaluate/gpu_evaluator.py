@@ -27,6 +27,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,7 @@ class GpuEvaluator:
                               badge="unmeasured", logs=logs, provenance=prov)
         # seed build
         seed_so = None
-        if req.measure_seed:
+        if req.measure_seed or wl.oracle == "seed":  # a seed-oracle workload's seed runs whatever the request says
             seed_code = wl.seed_for(req.backend).read_text()
             sb = build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
             if not sb.ok:
@@ -366,20 +367,37 @@ class GpuEvaluator:
             prov["mps"] = False
         base_cmd = {"op": "eval", "trials": req.trials, "warmup": req.warmup, "iters": req.iters,
                     "verify_every": req.verify_every, "seed": req.seed, "jitter_us": self.cfg.jitter_us,
-                    "setup_limit_s": self.cfg.setup_limit_s, "hold_timeout_s": self.cfg.hold_timeout_s}
+                    "setup_limit_s": self.cfg.setup_limit_s, "hold_timeout_s": self.cfg.hold_timeout_s,
+                    # the seed's verified outputs are the candidate's oracle only for the same seed build, inputs
+                    # and iterations
+                    "oracle": wl.oracle, "oracle_key": f"{seed_so}:{req.seed}:{req.trials}:{req.iters}:"
+                                                       f"{req.verify_every}"}
         seed_res: EvalResult | None = None
+        group_for = partial(self.pool.group, key, lambda s: self._group_spec(req, params, s), progress,
+                            fingerprint=fingerprint)
         if seed_so is not None:
-            cmd = dict(base_cmd, so_path=str(seed_so), role="seed", step_limit_s=self.cfg.seed_step_limit_s)
-            sres = self._command(group, cmd, progress)
+            seed_cmd = dict(base_cmd, so_path=str(seed_so), role="seed", step_limit_s=self.cfg.seed_step_limit_s)
+            sres = self._command(group, seed_cmd, progress)
             if sres.verdict != "pass":
                 logs.update(sres.logs)
                 self._after_fault(req, notes) if sres.reason.startswith("timeout") else None
                 prov["notes"] = notes
+                what = "the oracle" if wl.oracle == "seed" else "nothing to compare against"
                 return EvalResult(sres.level_reached, "error", f"the workload's seed did not pass in this world "
-                                  f"({sres.reason}); nothing to compare against", logs=logs, provenance=prov)
+                                  f"({sres.reason}); {what}", logs=logs, provenance=prov)
             seed_res = sres
-            group = self.pool.group(key, lambda s: self._group_spec(req, params, s), progress,
-                                    fingerprint=fingerprint)
+            starts = self.pool.starts
+            group = group_for()
+            if wl.oracle == "seed" and self.pool.starts != starts:
+                # the world restarted after the seed (it recycled itself): its recorded outputs went with it
+                notes.append("the world restarted after the seed ran; the seed ran again as the oracle")
+                seed_res = self._command(group, seed_cmd, progress)
+                if seed_res.verdict != "pass":
+                    prov["notes"] = notes
+                    return EvalResult(seed_res.level_reached, "error", f"the workload's seed (the oracle) did not "
+                                      f"pass when run again ({seed_res.reason})", logs={**logs, **seed_res.logs},
+                                      provenance=prov)
+                group = group_for()
         limit = self.cfg.seed_step_limit_s
         if seed_res is not None and seed_res.median_ms is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)
@@ -388,6 +406,8 @@ class GpuEvaluator:
             cmd["stress"] = {"so_path": str(stress_so), "max_delay_ns": int(self.cfg.stress_max_delay_us * 1000),
                              "permille": int(self.cfg.stress_permille)}
         res = self._command(group, cmd, progress)
+        if res.level_reached in ("L2", "L3") and not res.reason.startswith("rank died"):
+            res.oracle = wl.oracle
         res.logs = {**logs, **res.logs}
         if res.reason.startswith("timeout") or "fatal" in res.provenance.get("_flags", ""):
             self._after_fault(req, notes)

@@ -26,7 +26,7 @@ from typing import Any
 
 from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Level, Verdict
+from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Level, Verdict, checked_against
 from cuco_kit.evaluate.build import BuildConfig, build, for_workload, supported_backends
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.events import EventSink
@@ -569,7 +569,8 @@ class FastPath:
                 attempt.eval_result = results
                 attempt.verdict = "fail"
                 attempt.level = "L2" if res.level_reached in ("L2", "L3") else res.level_reached
-                attempt.reason = f"L2 at {world} rank(s) under {backend}: {res.verdict}: {res.reason}"
+                attempt.reason = (f"L2 at {world} rank(s) under {backend}: {res.verdict}: {res.reason}"
+                                  + (f" (outputs {checked_against(res.oracle)})" if res.oracle else ""))
                 if has_illegal_access(res.logs) or has_illegal_access(res.reason):
                     attempt.sanitizer = sanitize(evaluator, req, attempt.so_paths.get(backend),
                                                  timeout_s=cfg.sanitize_timeout_s)
@@ -584,7 +585,7 @@ class FastPath:
             return
         attempt.verdict = "pass"
         worlds = ", ".join(str(r.provenance.get("world_size")) for r in ran)
-        attempt.reason = f"L2 passed at {worlds} rank(s) under {backend}" + (
+        attempt.reason = f"L2 passed at {worlds} rank(s) under {backend}, outputs {checked_against(ran[0].oracle)}" + (
             f" (not run: {'; '.join(unavailable)})" if unavailable else "")
 
     def _judge_annotation(self, attempt: Attempt, original: str) -> None:

@@ -230,3 +230,78 @@ def test_a_non_capture_error_after_an_invalidated_capture_recycles_the_worker() 
 def test_unjoined_side_stream_work_fails_and_recycles() -> None:
     reason, ev = _captured((0, 0, 904, 0, 0, 904))
     assert "never rejoins" in reason and ev.recycle
+
+
+# ---- differential verification: the seed as the oracle -------------------------------------------------------
+
+def _oracle_eval(monkeypatch: pytest.MonkeyPatch, h: Any, role: str, key: str = "k") -> _Evaluation:
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)  # the checks themselves run on the CPU
+    ev = _Evaluation.__new__(_Evaluation)
+    ev.h, ev.role, ev.oracle, ev.max_err = h, role, "seed", 0.0
+    ev.cmd = {"oracle_key": key}
+    ev._view = lambda name: ev.current[name]  # type: ignore[method-assign]
+    return ev
+
+
+def _oracle_harness() -> Any:
+    from cuco_kit.workload import Tolerance
+
+    def no_reference(*a: Any) -> Any:
+        raise AssertionError("a seed-oracle workload's torch reference must not be called")
+
+    agreed: list[bool] = []
+    return NS(rank=0, world=1, dev="cpu", oracle_key="", oracle_outputs={}, agreed=agreed,
+              _host_agree=lambda failed: agreed.append(bool(failed)) or bool(failed),
+              workload=NS(tolerance=Tolerance(rel=1e-3), reference=no_reference))
+
+
+@pytest.mark.timeout(60)
+def test_the_seed_records_its_outputs_and_a_candidate_is_compared_with_them(monkeypatch) -> None:
+    h = _oracle_harness()
+    seed = _oracle_eval(monkeypatch, h, "seed")
+    seed._oracle_ready()
+    out = torch.randn(64)
+    seed.current = {"y": out.clone()}
+    assert seed._verify(7, {}, {"y": out.clone()}, "trial 7") == ""
+    assert h.oracle_key == "k" and torch.equal(h.oracle_outputs[7]["y"], out)
+
+    cand = _oracle_eval(monkeypatch, h, "candidate")
+    cand._oracle_ready()
+    close = out * (1 + 1e-5)
+    cand.current = {"y": close}
+    assert cand._verify(7, {}, {"y": close.clone()}, "trial 7") == "" and cand.max_err < 1e-4
+    wrong = out.clone()
+    wrong[:8] = 0
+    cand.current = {"y": wrong}
+    reason = cand._verify(7, {}, {"y": wrong.clone()}, "trial 7")
+    assert "output 'y' wrong in trial 7" in reason and "rel err" in reason
+
+
+@pytest.mark.timeout(60)
+def test_a_seed_that_leaves_poison_cannot_be_the_oracle(monkeypatch) -> None:
+    h = _oracle_harness()
+    seed = _oracle_eval(monkeypatch, h, "seed")
+    seed._oracle_ready()
+    out = torch.randn(16)
+    out[3] = float("nan")
+    seed.current = {"y": out.clone()}
+    reason = seed._verify(0, {}, {"y": out.clone()}, "trial 1")
+    assert "cannot serve as the oracle" in reason and "1 non-finite" in reason and 0 not in h.oracle_outputs
+
+
+@pytest.mark.timeout(60)
+def test_a_candidate_never_meets_another_requests_seed(monkeypatch) -> None:
+    from cuco_kit.evaluate.rank.harness import OracleMissing
+
+    h = _oracle_harness()
+    seed = _oracle_eval(monkeypatch, h, "seed", key="seed-a:0")
+    seed._oracle_ready()
+    other = _oracle_eval(monkeypatch, h, "candidate", key="seed-a:1")  # another request seed: other inputs
+    with pytest.raises(OracleMissing, match="not in this world"):
+        other._oracle_ready()
+    same = _oracle_eval(monkeypatch, h, "candidate", key="seed-a:0")
+    same._oracle_ready()
+    same.current = {"y": torch.ones(4)}
+    with pytest.raises(OracleMissing, match="no outputs for timed iteration 3"):
+        same._verify(2002, {}, {"y": torch.ones(4)}, "timed iteration 3")
+    assert h.agreed[-1] is True  # the peers learn of it through the same agreement and fail with it

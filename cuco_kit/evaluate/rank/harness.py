@@ -14,8 +14,10 @@ Verified iterations (every L2 trial, the first timed iteration and about 1 in ve
 from the request seed) also: snapshot the outputs on ctx->stream right after the end event (what the step
 delivered by the time ctx->stream says it is done), and after every rank has finished compare the snapshot with
 the outputs again (a difference means work that was not joined to ctx->stream, or a missing wait on a peer)
-and with the workload's torch reference, computed on this GPU in float32 from every rank's inputs regenerated
-from the seeds. NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
+and with the oracle: the workload's torch reference, computed on this GPU in float32 from every rank's inputs
+regenerated from the seeds, or, for a workload whose oracle is its seed (differential verification), the seed's
+own outputs of the same iteration, recorded when the seed ran in this world just before (same request seed, so
+the same inputs). NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
 missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead:
 each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
 return, and a jitter past everyone else's; the timed build is loaded afterwards.
@@ -32,6 +34,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +108,10 @@ class Helpers:
         return f"{raw.decode() if raw else 'cudaError'}({code})"
 
 
+class OracleMissing(Exception):
+    """A candidate of a seed-oracle workload arrived in a world that holds no outputs of its request's seed."""
+
+
 class CandidateFailure(Exception):
     """This candidate failed (verdict fail at `level`); ``fatal`` = the process must not serve another one."""
 
@@ -168,6 +175,10 @@ class RankHarness:
         self.hold_epoch = 0
         self.unholdable: set[str] = set()  # libraries whose step stalled behind the hold: timed end to end only
         self.harness_epoch = 0
+        # Differential verification: the seed's verified outputs per trial, from the seed's run that the key names
+        # (so a candidate is never compared with another request's seed or inputs).
+        self.oracle_key = ""
+        self.oracle_outputs: dict[int, dict[str, torch.Tensor]] = {}
         self.sm_count = torch.cuda.get_device_properties(self.dev).multi_processor_count
         torch.cuda.synchronize(self.dev)
         self._host_agree(False)
@@ -233,14 +244,17 @@ class _Evaluation:
         self.max_err = 0.0
         self.stalls = 0  # held iterations whose hold timed out
         self.holdable = str(cmd["so_path"]) not in h.unholdable
+        self.role = str(cmd.get("role", "candidate"))
+        self.oracle = str(cmd.get("oracle", "reference"))
 
     # ---------------------------------------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
         h = self.h
-        reply: dict[str, Any] = {"ok": False, "rank": h.rank, "role": self.cmd.get("role", "candidate")}
+        reply: dict[str, Any] = {"ok": False, "rank": h.rank, "role": self.role, "oracle": self.oracle}
         self._before = set(os.listdir(h.scratch_dir))
         stress: dict[str, Any] | None = self.cmd.get("stress") or None
         try:
+            self._oracle_ready()
             t0 = time.monotonic()
             stress_so = str(stress["so_path"]) if stress else ""
             separate = bool(stress_so) and stress_so != str(self.cmd["so_path"])
@@ -261,6 +275,8 @@ class _Evaluation:
                 reply["timeline"] = self._profiled_iteration()
         except CandidateFailure as f:
             reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
+        except OracleMissing as exc:
+            reply.update(verdict="error", level="L2", reason=str(exc), oracle_missing=True)
         except Exception as exc:  # noqa: BLE001 - a harness-side error is the reply; CUDA errors poison the context
             fatal = _is_fatal_cuda(exc)
             reply.update(verdict="fail" if fatal else "error", level="L2",
@@ -281,6 +297,18 @@ class _Evaluation:
             reply.update(ok=False, verdict="fail", level="L2",
                          reason=f"rank {h.rank} wrote files in its working directory: {', '.join(new_files[:5])}")
         return reply
+
+    def _oracle_ready(self) -> None:
+        """Differential verification: the seed's run starts a fresh record under its key; a candidate needs the
+        record of the same key (the world may have restarted since the seed ran: then the parent runs it again)."""
+        if self.oracle != "seed":
+            return
+        key = str(self.cmd.get("oracle_key", ""))
+        if self.role == "seed":
+            self.h.oracle_key, self.h.oracle_outputs = key, {}
+        elif self.h._host_agree(not key or key != self.h.oracle_key):
+            raise OracleMissing(f"rank {self.h.rank}: the seed's outputs for this request are not in this world "
+                                "(the oracle must run first in the same world)")
 
     # ------------------------------------------------------------------------------------------ loading
     def _load(self, so: Path) -> None:
@@ -641,16 +669,24 @@ class _Evaluation:
             if not torch.equal(now.reshape(-1).view(torch.uint8), s.reshape(-1).view(torch.uint8)):
                 return (f"verification failed: rank {h.rank}: output {name!r} changed after ctx->stream "
                         f"finished the step ({what}): a missing wait on a peer, or work not joined to ctx->stream")
-        all_inputs = []
-        for r in range(h.world):
-            x = inputs if r == h.rank else self._make_inputs(trial, r)
-            all_inputs.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in x.items()})
-        with torch.no_grad():
-            refs = h.workload.reference(all_inputs, h.params, h.world)
-        ref = refs[h.rank]
+        if self.oracle == "seed" and self.role == "seed":
+            return self._record_oracle(trial, snap, what)
+        ref: Mapping[str, Any]
+        if self.oracle == "seed":
+            if trial not in h.oracle_outputs:  # not when seed and candidate ran one protocol; the peers fail too
+                h._host_agree(True)
+                raise OracleMissing(f"rank {h.rank}: the seed recorded no outputs for {what} (trial {trial})")
+            ref = h.oracle_outputs[trial]
+        else:
+            all_inputs = []
+            for r in range(h.world):
+                x = inputs if r == h.rank else self._make_inputs(trial, r)
+                all_inputs.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in x.items()})
+            with torch.no_grad():
+                ref = h.workload.reference(all_inputs, h.params, h.world)[h.rank]
         for name, s in snap.items():
             if name not in ref:
-                return f"workload reference gave no output {name!r} for rank {h.rank}"
+                return f"the {self.oracle} gave no output {name!r} for rank {h.rank}"
             err = rel_error(s, ref[name].to(h.dev))
             self.max_err = max(self.max_err, err)
             if not h.workload.tolerance.passes(err):
@@ -658,6 +694,19 @@ class _Evaluation:
                 detail = f"{n_nan} non-finite values (poison left: not written)" if n_nan else f"rel err {err:.3g}"
                 return (f"verification failed: rank {h.rank}: output {name!r} wrong in {what}: {detail} "
                         f"(tolerance {h.workload.tolerance.rel:g})")
+        return ""
+
+    def _record_oracle(self, trial: int, snap: dict[str, torch.Tensor], what: str) -> str:
+        """The seed is the oracle: keep what it delivered (already a copy) for the candidate's same iteration.
+        An oracle must have written every float element: poison (NaN) or inf left in it would make any candidate
+        fail, so it fails the seed instead, with the reason."""
+        for name, s in snap.items():
+            if s.dtype.is_floating_point:
+                bad = int((~torch.isfinite(s.float())).sum())
+                if bad:
+                    return (f"verification failed: rank {self.h.rank}: the seed (this workload's oracle) left {bad} "
+                            f"non-finite values in output {name!r} in {what}; it cannot serve as the oracle")
+        self.h.oracle_outputs[trial] = snap
         return ""
 
     # ------------------------------------------------------------------------------------------ the levels
