@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cuco_kit import markers
 from cuco_kit.commands.executor_options import (
     add_executor_arguments,
     check_executor_arguments,
@@ -48,7 +49,7 @@ from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
-from cuco_kit.search.start_point import start_from
+from cuco_kit.search.start_point import read_baseline, start_from
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean, one_line
@@ -90,16 +91,16 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
-    """The workload's sizes (with --size) suit --ranks, and the files the search starts from are readable source
-    text. Returns the --size overrides."""
+    """The workload's sizes (with --size) suit --ranks, the baseline is checked like a --from file (markers,
+    blocks, knob block; with the offline mutator it needs knobs) and the seed is readable source text. Returns
+    the --size overrides."""
     params = parse_overrides(args.size)
     wl.check(params, args.ranks)
-    if getattr(args, "from_result", None):
-        return params  # start_from() checks the result file
-    if not wl.baseline:
-        raise BadInput(f"workload {wl.name}: no baseline (the device-initiated program with the knob block) to start "
-                       "the search from; set Workload.baseline")
-    read_source(wl.path(wl.baseline), f"workload {wl.name}: baseline")
+    if not getattr(args, "from_result", None):  # start_from() checks the result file
+        start = read_baseline(wl)
+        if args.mutator == "offline" and not markers.knobs(start):
+            raise BadInput(f"workload {wl.name}: baseline {wl.baseline} has no knob block, and the offline search "
+                           "only moves knobs; add one (docs/contracts.md) or use --mutator llm")
     if args.backend in wl.seeds:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
     return params

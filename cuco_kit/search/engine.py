@@ -62,7 +62,7 @@ from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import LINEAGE_TAG, Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
 from cuco_kit.search.selection import SelectionConfig, select_parent
-from cuco_kit.search.start_point import StartPoint, add_lineage
+from cuco_kit.search.start_point import StartPoint, add_lineage, read_baseline
 from cuco_kit.store import Store, code_hash
 from cuco_kit.workload import load_workload
 
@@ -150,6 +150,7 @@ class SearchEngine:
         self._running.set()
         self._thread: threading.Thread | None = None
         self._setup_done = False
+        self._baseline_code = ""  # the baseline root's code, read and checked at set-up
         self._owner = False  # this engine holds the store's owner lock
         self._gen_done = 0
         self._migrations: list[dict] = []
@@ -266,9 +267,8 @@ class SearchEngine:
             return
         cfg = self.config
         self.workload = load_workload(self.workload_dir)
-        if not self.workload.baseline and self.start_point is None:
-            raise BadInput(f"workload {self.workload.name}: no baseline (the device-initiated program with the "
-                           "knob block) to start the search from; set Workload.baseline")
+        # Checked like a --from file before anything is stored or evaluated (start_from checked that one).
+        self._baseline_code = read_baseline(self.workload) if self.start_point is None else self.start_point.code
         if not self._owner:
             self.store.acquire_owner("search")  # before reading what to resume: it must not change under us
             self._owner = True
@@ -366,14 +366,11 @@ class SearchEngine:
         if seed_path is not None:
             roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))
         baseline_parent = None
+        roots.append(("baseline", self.start_point.name if self.start_point else "baseline", self._baseline_code))
         if self.start_point is not None:
-            roots.append(("baseline", self.start_point.name, self.start_point.code))
             # The fast path's stages first (once: a kill may have come after them), the result's parent last.
             stages = [p.id for p in self.population.all() if LINEAGE_TAG in p.tags]
             baseline_parent = stages[-1] if stages else add_lineage(self.store, rid, self.start_point)
-        else:
-            assert wl.baseline is not None  # _setup refuses a workload without one
-            roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
         stored = {p.source for p in self.population.all()}
         for source, name, code in roots:
             if source in stored:
