@@ -2,10 +2,11 @@
 
 On a terminal, a progress bar on stderr counts generations, evaluations and the best speed-up so far. Every flag,
 the workload, its baseline and seed, the evaluator and (with an LLM mutator) the LLM server are checked before the
-search starts: bad input is one line and exit code 2. The LLM dollar budget is per run (--llm-budget, default
-$10; a resumed run counts what it spent before) and the run stops cleanly when it is spent; a
-search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying so. Names and
-reasons from the LLM and the candidates are printed cleaned of control characters.
+search starts: bad input is one line and exit code 2. The search ends after --generations (at most 10000), or
+earlier when it has nothing new to propose ("design space exhausted" for the offline mutator). The LLM dollar
+budget is per run (--llm-budget, default $10; a resumed run counts what it spent before) and the run stops cleanly
+when it is spent; a search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying
+so. Names and reasons from the LLM and the candidates are printed cleaned of control characters.
 """
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ from cuco_kit.workbench import recorded_runs
 from cuco_kit.workload import MAX_RANKS, Workload, load_workload, parse_overrides
 
 HELP = "evolutionary search over a workload"
+# Far beyond any search we run (a few hundred generations at most); a larger number is a typo. A search whose
+# sources have nothing new to propose ends before its generations anyway ("design space exhausted").
+MAX_GENERATIONS = 10_000
+MAX_SEED = 2**32 - 1  # what every seeded generator the search uses accepts (numpy's included)
 NO_GPU_HINT = ("use --evaluator simulated (a synthetic landscape, numbers badged SIMULATED) or --evaluator replay "
                "(real measurements recorded on a GPU machine)")
 
@@ -82,8 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    if args.generations < 0:
-        raise BadInput(f"--generations {args.generations}: must be >= 0")
+    if not 0 <= args.generations <= MAX_GENERATIONS:
+        raise BadInput(f"--generations {args.generations}: must be between 0 and {MAX_GENERATIONS}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise BadInput(f"--seed {args.seed}: must be between 0 and {MAX_SEED}")
     if not 1 <= args.ranks <= MAX_RANKS:
         raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
     check_llm_arguments(args)
