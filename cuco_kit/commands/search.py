@@ -50,7 +50,7 @@ from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
-from cuco_kit.search.start_point import read_baseline, start_from
+from cuco_kit.search.start_point import FROM_HINT, read_baseline, read_start, start_from
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean, one_line
@@ -103,7 +103,9 @@ def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
     the --size overrides."""
     params = parse_overrides(args.size)
     wl.check(params, args.ranks)
-    if not getattr(args, "from_result", None):  # start_from() checks the result file
+    if getattr(args, "from_result", None):
+        read_start(args.from_result, "--from", FROM_HINT)  # now, before --db exists; start_from reads it again
+    else:
         start = read_baseline(wl)
         if args.mutator == "offline" and not markers.knobs(start):
             raise BadInput(f"workload {wl.name}: baseline {wl.baseline} has no knob block, and the offline search "
@@ -136,7 +138,11 @@ def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, wl: Workload,
     if args.evaluator == "simulated":
         return EvaluatorSpec("simulated", {"seed": args.seed})
     if args.evaluator == "replay":
-        explicit = [c for c in (os.environ.get("CUCO_REPLAY_DB"), workload_dir / "replay.db") if c]
+        named = os.environ.get("CUCO_REPLAY_DB")
+        if named and not Path(named).is_file():
+            raise BadInput(f"--evaluator replay: CUCO_REPLAY_DB={named}: no such file; point it at a recording, or "
+                           "unset it to use the recordings found by name")
+        explicit = [c for c in (named, workload_dir / "replay.db") if c]
         for c in explicit:
             if Path(c).is_file():
                 return EvaluatorSpec("replay", {"path": str(c)})
@@ -235,12 +241,17 @@ def run(args: argparse.Namespace) -> int:
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
     models = models_from_args(args)
-    store = Store(db)
+    executor = make_executor(args, spec, str(workload_dir))
+    evaluator = executor or spec.make()  # a replay recording that is no store is refused here, before --db exists
     try:
-        start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
-    except BadInput:
-        store.close()
+        store = Store(db)
+    except BaseException:
+        if executor is not None:
+            executor.shutdown(wait=True)
+        elif callable(close := getattr(evaluator, "close", None)):
+            close()
         raise
+    start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models)
@@ -252,13 +263,8 @@ def run(args: argparse.Namespace) -> int:
     events.subscribe(_printer(args.json))
     events.subscribe(slot_printer(sys.stderr if args.json else sys.stdout))
     breakers: list[LLMBreaker] = []
-    try:
-        executor = make_executor(args, spec, str(workload_dir))
-    except BadInput:
-        store.close()
-        raise
-    engine = SearchEngine(workload_dir, store, executor or spec.make(), _sources(args.mutator, llm, models, breakers),
-                          config, events, executor=executor, start=start)
+    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator, llm, models, breakers), config, events,
+                          executor=executor, start=start)
     for breaker in breakers:
         breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,

@@ -71,6 +71,7 @@ def fastpath_lineage(store: Store, code: str) -> list[StageProgram]:
 
 
 BASELINE_HINT = "mark what the search may change with EVOLVE blocks, the knobs in a knob block (docs/contracts.md)"
+FROM_HINT = "pass the fast path's annotated result (cuco fastpath ... --out RESULT.cu)"
 
 
 def read_baseline(workload: Workload) -> str:
@@ -99,7 +100,7 @@ def read_start(path: str | Path, what: str, hint: str) -> str:
 
 def start_from(path: str | Path, store: Store | None = None) -> StartPoint:
     """The start point of a search from a fast-path result file (`read_start` checks it)."""
-    code = read_start(path, "--from", "pass the fast path's annotated result (cuco fastpath ... --out RESULT.cu)")
+    code = read_start(path, "--from", FROM_HINT)
     lineage = fastpath_lineage(store, code) if store is not None else []
     if lineage and lineage[-1].code == code:
         lineage = lineage[:-1]  # the result itself is the baseline root
