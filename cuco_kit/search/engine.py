@@ -20,8 +20,9 @@ in the same order, even across any number of kills and resumes.
 
 One owner: a search owns its database (``Store.acquire_owner``, an OS file lock the kernel drops when the
 process dies) from set-up until ``run()`` returns, before it reads anything to resume from. A second search on
-the same file, in another process or this one, is refused with the owner's pid and host; read-only Stores
-(dashboards) may look at any time.
+the same file -- by any path to it, in another process or this one -- is refused with the owner's pid and host
+(a file with a second hard link is refused for writing at all); read-only Stores (dashboards) may look at any
+time.
 
 Resume (also after kill -9): the store is the record. In-flight evaluations are marked interrupted
 (``store.mark_interrupted``) and their programs evaluated again (the new request carries ``rerun_of``); programs
