@@ -48,8 +48,8 @@ class DesignSpaceConfig:
     gp_max_evaluations: int = 60  # "auto" uses GP (one at a time) up to this many evaluated programs in the run
     n_startup_trials: int = 4  # sampler's random start before modelling
     max_asks: int = 30  # asks per proposal before the sampler is given up for this proposal
-    # A space of at most this many points is walked point by point when the sampler keeps asking for tried ones,
-    # so "no proposal" means every point is tried (the search then ends: "design space exhausted").
+    # A space of at most this many points is walked point by point when the sampler finds nothing untried, so
+    # "no proposal" means every point is tried (the search then ends: "design space exhausted").
     enumerable_points: int = 4096
     failed_value: float = 0.0  # value told for a failed combination (speed-up 0)
 
@@ -214,8 +214,9 @@ class DesignSpaceSource:
             seen[k] = None  # pending: constant_liar treats it as running
             existing.add(code)
             out.append(self._proposal(ctx, parent, parent_values, values, code, len(lineage), trial.number))
-        if len(out) < ctx.n and math.prod(len(k.allowed) for k in knobs) <= self.config.enumerable_points:
-            # The sampler kept asking for tried points: walk the untried ones (in a seeded order) instead.
+        if not out and math.prod(len(k.allowed) for k in knobs) <= self.config.enumerable_points:
+            # The sampler found nothing untried: walk the untried points (in a seeded order), so that an empty
+            # answer means the space is spent (the engine then ends the search).
             points = [dict(zip(allowed, combo)) for combo in itertools.product(*allowed.values())]
             random.Random(seed).shuffle(points)
             for values in points:

@@ -10,9 +10,10 @@ them, and the generation ends with migration, phase switching and, now and then,
 When a search ends: a budget is spent (generations, wall time, evaluations, LLM dollars), ``stop()`` is called, or
 it has nothing new to propose. A round of design-space slots only that finds no knob setting the run has not tried
 ends it at once ("design space exhausted": for a space of up to ``DesignSpaceConfig.enumerable_points`` points the
-source walks every untried point before it answers nothing); rounds with LLM slots end it after
-``SearchConfig.max_empty_generations`` in a row brought nothing new. A person's decision or edit that adds a
-program lifts either (its children may be new); proposals waiting for a person keep the search waiting.
+source walks the untried points when its sampler finds none, so it answers nothing only when none is left); rounds
+with LLM slots end it after ``SearchConfig.max_empty_generations`` in a row brought nothing new. A person's
+decision or edit that adds a program lifts either (its children may be new); proposals waiting for a person keep
+the search waiting.
 
 Reproducibility: each round draws from ``Random(f"{seed}/{generation}")`` and sees only results committed in
 earlier rounds, so with a deterministic evaluator (simulated or replayed) the same seed gives the same programs,

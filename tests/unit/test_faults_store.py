@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -200,32 +201,47 @@ def test_one_owner_at_a_time_and_kill_9_frees_it(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]
 
 
-# The first search of the two below: a child process that owns the database and evaluates slowly (0.2 s each), so
-# the second starts while it runs. It says when it owns the file, and ends on its own.
+# The first search of the two below: a child process that owns the database and evaluates (0.1 s each) until the
+# test tells it to stop, so the second starts while it writes. It says when it owns the file and how it ended.
 FIRST_SEARCH = textwrap.dedent("""
     import sys
     from cuco_kit.evaluate.simulated import SimulatedEvaluator
     from cuco_kit.search.budget import BudgetConfig
     from cuco_kit.search.config import SearchConfig
-    from cuco_kit.search.design_space import DesignSpaceSource
+    from cuco_kit.search.design_space import DesignSpaceConfig, DesignSpaceSource
     from cuco_kit.search.engine import SearchEngine
     from cuco_kit.store import Store
     with Store(sys.argv[2]) as st:
-        engine = SearchEngine(sys.argv[1], st, SimulatedEvaluator(seed=1, delay_s=0.2), [DesignSpaceSource()],
-                              SearchConfig(seed=3, budget=BudgetConfig(generations=3)))
+        engine = SearchEngine(sys.argv[1], st, SimulatedEvaluator(seed=1, delay_s=0.1),
+                              [DesignSpaceSource(DesignSpaceConfig(sampler="random"))],
+                              SearchConfig(seed=3, budget=BudgetConfig(generations=1000)))
         engine.start()  # set-up (the owner lock) happens before this returns
         print("OWNER", flush=True)
+        sys.stdin.readline()
+        engine.stop()
         engine.join()
         print("FINISHED", engine.state, engine.reason, flush=True)
 """)
+
+
+def _done(db: Path) -> int:
+    with Store(db, readonly=True) as st:
+        return sum(e["status"] == "done" for e in st.evaluations())
+
+
+def _wait_for_evaluations(db: Path, n: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _done(db) < n:
+        assert time.monotonic() < deadline, f"the first search did not reach {n} evaluations"
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("alias", ["symlink", "hard link"])
 def test_a_second_search_through_a_link_is_refused_and_the_database_stays_whole(
         tmp_path: Path, alias: str, capsys: pytest.CaptureFixture) -> None:
     """Two searches on one database, the second through another name of the file: refused in one line (naming
-    the owner where the lock can say who it is), while the first finishes its run untouched; SQLite's
-    integrity_check is ok afterwards and every evaluation of the run is done (none interrupted)."""
+    the owner where the lock can say who it is), while the first goes on writing; SQLite's integrity_check is ok
+    afterwards and every evaluation of the first's run is done (none interrupted)."""
     wl = write_synthetic_workload(tmp_path / "wl")
     db = tmp_path / "run.db"
     Store(db).close()
@@ -234,11 +250,12 @@ def test_a_second_search_through_a_link_is_refused_and_the_database_stays_whole(
     if alias == "symlink":
         other.symlink_to(db)
     first = subprocess.Popen([sys.executable, "-c", FIRST_SEARCH, str(wl), str(db)], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        assert first.stdout is not None
+        assert first.stdout is not None and first.stdin is not None
         assert first.stdout.readline().strip() == "OWNER", first.stderr.read() if first.stderr else ""
+        _wait_for_evaluations(db, 3)  # the first is writing
         if alias == "hard link":
             os.link(db, other)
         assert main(_search(wl, other)) == 2
@@ -248,13 +265,14 @@ def test_a_second_search_through_a_link_is_refused_and_the_database_stays_whole(
             assert f"pid {first.pid} on host {socket.gethostname()}" in err and f"opened as {db}" in err
         else:
             assert "2 names (hard links)" in err
-        out, errs = first.communicate(timeout=120)
+        _wait_for_evaluations(db, _done(db) + 2)  # and goes on writing after the refusal
+        out, errs = first.communicate("stop\n", timeout=120)
     finally:
         if first.poll() is None:
             first.kill()
             first.wait()
     assert first.returncode == 0, errs
-    assert "FINISHED finished generation budget reached" in out, out + errs
+    assert "FINISHED stopped stopped by request" in out, out + errs
     if alias == "hard link":
         os.unlink(other)
         assert not Path(f"{other}-wal").exists() and not Path(f"{other}-shm").exists()
@@ -266,7 +284,7 @@ def test_a_second_search_through_a_link_is_refused_and_the_database_stays_whole(
     with Store(db, readonly=True) as st:
         (run,) = st.runs()
         statuses = {e["status"] for e in st.evaluations(run["id"])}
-        assert run["state"] == "finished" and statuses == {"done"}
+        assert run["state"] == "stopped" and statuses == {"done"} and len(st.evaluations(run["id"])) >= 5
     assert not owner_lock_path(db).exists()
 
 
