@@ -229,8 +229,12 @@ CASES: dict[str, Case] = {
                                                   "--no-compile"], "it called sys.exit(None)", rc=1),
     "workload: loops forever": Case(lambda d: search(d, workload=wl(d, workload_py="while True:\n    pass\n")),
                                     "did not finish loading within 1 s"),
+    "workload: loops, check-workload": Case(lambda d: ["check-workload", str(wl(d, workload_py=(
+        "while True:\n    pass\n"))), "--no-compile"], "did not finish loading within 1 s", rc=1),
     "workload: waits forever": Case(lambda d: ["eval", str(wl(d) / "baseline.cu"), "--workload", str(
         wl(d, workload_py="import threading\nthreading.Event().wait()\n"))], "did not finish loading within 1 s"),
+    "workload: GeneratorExit": Case(lambda d: search(d, workload=wl(d, workload_py="raise GeneratorExit\n")),
+                                    "line 1: GeneratorExit"),
     "workload: KeyboardInterrupt": Case(lambda d: search(d, workload=wl(d, workload_py="raise KeyboardInterrupt\n")),
                                         "interrupted", rc=130),
     "workload: no WORKLOAD": Case(lambda d: search(d, workload=wl(d, workload_py="X = 1\n")),
