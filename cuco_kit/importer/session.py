@@ -19,7 +19,8 @@ from typing import Any
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import build, for_workload
 from cuco_kit.importer.check import WorkloadCheck, check_workload, reference_problems
-from cuco_kit.importer.plan import ImportPlan, make_plan, require_consistent
+from cuco_kit.importer.derive import make_plan
+from cuco_kit.importer.plan import ImportPlan, require_consistent
 from cuco_kit.importer.seed_writer import write_seed
 from cuco_kit.importer.workload_writer import (
     ORIGINAL_FILE,
@@ -167,7 +168,7 @@ class ImportSession:
         tensors = "\n".join(f"- {b.name}: {b.role}, {b.dtype}, {b.count}" for b in self.plan.tensors())
         hist = f"\nA person's note on the previous answer: {note}\n" if note else ""
         user = render("import_reference", tensors=tensors, program=self.code, step_start=self.plan.step_start,
-                      step_end=self.plan.step_end, history=hist)
+                      step_end=self.plan.step_end, step_function=self.plan.step_function, history=hist)
         answer, model, fixture = self._ask(llm, user, "import.reference")
         blocks = _PYTHON_BLOCK.findall(answer)
         if not blocks:
