@@ -5,7 +5,7 @@
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
 #   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
-#   timing_races llm_search
+#   timing_races llm_search import_shapes
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -15,7 +15,8 @@
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone;
 #  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
 #  are added to them; timing_races: the launch-bias table and the race-amplification record, each checked by its
-#  gpu test, their JSON in the step's archive)
+#  gpu test, their JSON in the step's archive; import_shapes: every test program shape imported by cuco init,
+#  its seed run as its own oracle)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
 # runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` =
 # what is left minus a margin, so it stops starting evaluations in time to write its JSON; steps that no longer
@@ -54,6 +55,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
     gpu_tier)        echo "$PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$3/gpu.xml tests/gpu" ;;
     llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;
+    import_shapes)   echo "$PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_import_shapes_gpu.py" ;;
     *)               return 1 ;;
   esac
 }
