@@ -568,6 +568,10 @@ def _is_alias_value(value: Node) -> bool:
     if value.type == "binary_expression":  # pointer arithmetic only: `n * 2` or `1 << 20` names no buffer
         op = value.child_by_field_name("operator")
         return op is not None and node_text(op) in ("+", "-")
+    if value.type in ("cast_expression", "parenthesized_expression"):  # `(float**)malloc(n)` names no buffer
+        inner = value.child_by_field_name("value") if value.type == "cast_expression" else (
+            value.named_children[0] if value.named_children else None)
+        return inner is not None and _is_alias_value(inner)
     return True
 
 

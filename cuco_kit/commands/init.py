@@ -55,7 +55,7 @@ def plan_summary(plan: ImportPlan) -> str:
              f"  step: {what} lines {plan.step_start}-{plan.step_end} of {plan.step_function}(){via}; communicator "
              f"{plan.comm}, rank {plan.rank or '-'}, world {plan.world or '-'}; harness stream <- {plan.main_stream}"
              + (f"; side streams {', '.join(plan.side_streams)}" if plan.side_streams else "")
-             + ("; one process drives every device" if plan.per_device else ""),
+             + (f"; one process drives {plan.devices} devices: the seed runs one per rank" if plan.devices else ""),
              "  sizes: " + (", ".join(f"{k}={v}" + (" (fixed)" if k in plan.fixed_sizes else "")
                                       for k, v in plan.sizes.items()) or "none")
              + (f"; runs on {plan.worlds} rank(s)" if plan.worlds else "")]

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.analysis import REDUCING_COLLECTIVES, STREAM_CREATE_CALLS, Allocation, SetupCall
-from cuco_kit.cuda_parse import Node, node_text, walk
+from cuco_kit.cuda_parse import Node, function_name, node_text, walk
 from cuco_kit.errors import BadInput
-from cuco_kit.importer.plan import CTYPES, BufferPlan, ImportPlan, LeftOut, buffer_name
+from cuco_kit.importer.plan import CTYPES, BufferPlan, ImportPlan, LeftOut
 from cuco_kit.importer.program import (
     HOST,
     SYNC,
@@ -52,6 +52,7 @@ from cuco_kit.source_file import read_source
 
 COMM_INIT = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll")
 _EVENT_CREATE = ("cudaEventCreate", "cudaEventCreateWithFlags")
+_DEVICE_MEMORY = ("cuda", "nccl", "managed")
 # NCCL datatype -> C element type, for buffers declared void*.
 NCCL_CTYPES = {"ncclFloat": "float", "ncclFloat32": "float", "ncclHalf": "half", "ncclFloat16": "half",
                "ncclBfloat16": "__nv_bfloat16", "ncclInt": "int", "ncclInt32": "int", "ncclUint32": "uint32_t",
@@ -117,9 +118,8 @@ class _Deriver:
         step = frames[-1]
         self.names = [f.name for f in frames]
         inits = comm_init(self.prog, self.names)
-        self.per_device = any(s.call == "ncclCommInitAll" for s in inits)
-        all_world = inits[0].args[1].strip() if inits and len(inits[0].args) > 1 else ""
-        regions = self.prog.candidates(step, self.prog.device_loops(step, all_world) if self.per_device else [])
+        self.devices = self._devices(inits)
+        regions = self.prog.candidates(step, self.prog.device_loops(step, self.devices) if self.devices else [])
         if not regions:
             return self._open(f"{step.name}() reaches NCCL only through calls cuco init cannot follow: set "
                               "step_function, call_lines, step_kind and the step lines")
@@ -132,14 +132,14 @@ class _Deriver:
         comm, rank, world = self._communicator(nodes, inits, step.name)
         self.world_names = self._aliases(world)
         allocs = [a for a in self.rep.allocations
-                  if a.function in self.names and a.kind in ("cuda", "nccl", "managed")]
+                  if a.function in self.names and a.kind in _DEVICE_MEMORY] + self._helper_allocations()
         streams = list(dict.fromkeys(self._norm(c.stream) for c in self.rep.streams
                                      if c.function in self.names and c.call in STREAM_CREATE_CALLS))
         events = list(dict.fromkeys(self._norm(e.event) for e in self.rep.events
                                     if e.function in self.names and e.call in _EVENT_CREATE and e.event
                                     and self._norm(e.event) not in self.prog.timing_events))
         mapped = {comm, *self.world_names, *self._aliases(rank), *(self._norm(a.buffer) for a in allocs), *streams,
-                  *events, *self.prog.timing_events} - {""}
+                  *events, *self.prog.timing_events, *identifiers_of(self.devices)} - {""}
         self.constants = file_constants(self.prog.root)
         local = [local_sizes(self.prog, f.body, self.limits[k], mapped) for k, f in enumerate(frames)]
         self.local_vars = [{x.variable for x in per} for per in local]
@@ -192,7 +192,7 @@ class _Deriver:
             main_stream=main_stream, side_streams=[x for x in streams if x in step_streams and x != main_stream],
             events=[e for e in events if e in step_ids], step_function=step.name,
             call_lines=[f.call_line for f in frames[1:]], step_kind=region.kind, step_start=region.start,
-            step_end=region.end, loop_var=loop_var, per_device=self.per_device, locals=locals_,
+            step_end=region.end, loop_var=loop_var, devices=self.devices, locals=locals_,
             left_out=[LeftOut(line_of(x), node_text(x).strip().splitlines()[0][:100], why)
                       for x, why in sorted(left + helper_left, key=lambda item: item[0].start_byte)],
             multiple_of={k: v for k, v in multiple_of.items() if v > 1}, worlds=worlds, summed_terms=summed,
@@ -306,6 +306,37 @@ class _Deriver:
                                  "then remove this line")
         return best
 
+    def _helper_allocations(self) -> list[Allocation]:
+        """Allocations a function on the way makes through a helper of the file (`alloc(&x, n)` whose body does
+        `cudaMalloc(p, n * sizeof(float))`), named and sized with the caller's arguments."""
+        out: list[Allocation] = []
+        for f in self.frames:
+            for call in self.prog.calls_in(f.body):
+                fn = self.prog.callee_function(call)
+                if fn is None or any(fr.node == fn for fr in self.frames):
+                    continue
+                binding = dict(zip(Frame(fn, function_name(fn)).parameter_names(),
+                                   (node_text(a).strip() for a in _args(call))))
+                for a in self.rep.allocations:
+                    target = root_name(a.buffer)
+                    if a.function == function_name(fn) and a.kind in _DEVICE_MEMORY and target in binding:
+                        nbytes = substitute(a.bytes or "0", _argument_of(binding))
+                        out.append(Allocation(a.call, root_name(binding[target]), line_of(call), nbytes, a.kind,
+                                              f.name))
+        return out
+
+    def _devices(self, inits: list[SetupCall]) -> str:
+        """What the loops over one process's devices run to: ncclCommInitAll's count, or the bound of the loop
+        that makes one communicator per device (`ncclCommInitRank(comms + i, ...)`); empty for one device."""
+        for s in inits:
+            if s.call == "ncclCommInitAll" and len(s.args) > 1:
+                return s.args[1].strip()
+            if s.args and re.search(r"[\[+]", s.args[0]):
+                bound = self.prog.loop_bound_at(s.line, [f.node for f in self.frames])
+                if bound:
+                    return bound
+        return ""
+
     def _communicator(self, nodes: list[dict[str, Any]], inits: list[SetupCall], where: str) -> tuple[str, str, str]:
         used = [self._norm(n["comm"]) for n in nodes if n.get("comm")]
         comm = used[0] if used else ""
@@ -341,7 +372,7 @@ class _Deriver:
     # -- names of the frames --------------------------------------------------------------------------
     def _norm(self, expr: str | None) -> str:
         text = (expr or "").strip()
-        return root_name(text) if self.per_device else text.lstrip("&").strip()
+        return root_name(text)
 
     def _identifiers(self, stmts: list[Node], skip: list[Node]) -> set[str]:
         out: set[str] = set()
@@ -455,7 +486,7 @@ class _Deriver:
         filled: set[str] = set()
         for n in self.rep.graph.nodes:
             if n["id"] < first_id:
-                filled |= {buffer_name(self._norm(b), self.per_device) for b in n["writes"]}
+                filled |= {self._norm(b) for b in n["writes"]}
         first: dict[str, str] = {}
         read: set[str] = set()
         written: set[str] = set()
@@ -486,6 +517,11 @@ class _Deriver:
                     self.todo.append(f"L{line_of(s)} ({node_text(s).strip()[:60]}) is MPI, left out, but the step "
                                      f"reads what it sets ({', '.join(sorted(needed))}): port it by hand, then remove "
                                      "this line")
+
+
+def _argument_of(binding: dict[str, str]) -> Callable[[str], str | None]:
+    """A `substitute` replacement: a parameter by its argument (in parentheses)."""
+    return lambda name: f"({binding[name]})" if name in binding else None
 
 
 def _args(call: Node | None) -> list[Node]:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
-from cuco_kit.importer.program import Program, Region, line_of
+from cuco_kit.importer.program import Program, Region, line_of, root_name
 from cuco_kit.importer.size_expr import WORLD, Untranslatable, evaluate, translate
 from cuco_kit.workload import DTYPES, MAX_RANKS
 
@@ -82,7 +82,9 @@ class ImportPlan:
     step_start: int = 0  # first and last line of the step (1-based, inclusive)
     step_end: int = 0
     loop_var: str | None = None  # the loop's counter when the step reads it: a size (default 0)
-    per_device: bool = False  # one process drives every device (ncclCommInitAll): the seed runs one of them
+    # One process drives several devices (ncclCommInitAll, or communicators made in a loop): what the loops over
+    # them run to; the seed runs one device per rank. Empty: one device per process.
+    devices: str = ""
     locals: list[str] = field(default_factory=list)  # locals the step needs (their definitions are kept)
     left_out: list[LeftOut] = field(default_factory=list)
     multiple_of: dict[str, int] = field(default_factory=dict)  # size -> what the small preset keeps it a multiple of
@@ -281,7 +283,7 @@ def step_buffers(prog: Program, plan: ImportPlan, frames: list[Any], region: Reg
     out: set[str] = set()
     for n in prog.step_nodes(frames, region, skip):
         for b in n["reads"] + n["writes"]:
-            out.add(buffer_name(b, plan.per_device))
+            out.add(root_name(b))
     return out
 
 
@@ -291,10 +293,5 @@ def left_out_spans(prog: Program, plan: ImportPlan) -> list[tuple[int, int]]:
     return [(line_of(s), s.end_point[0] + 1) for s in prog.statements_at(wanted)]
 
 
-def buffer_name(expr: str, per_device: bool) -> str:
-    """A buffer as the plan names it: per-device arrays by the array (`shard[d]` -> `shard`)."""
-    return expr.split("[", 1)[0] if per_device else expr
-
-
 __all__ = ["BufferPlan", "CTYPES", "ImportPlan", "InconsistentPlan", "LeftOut", "PLAN_VERSION", "ROLES",
-           "STEP_KINDS", "buffer_name", "check_plan", "left_out_spans", "require_consistent", "step_buffers"]
+           "STEP_KINDS", "check_plan", "left_out_spans", "require_consistent", "step_buffers"]

@@ -390,8 +390,8 @@ class Program:
         return frames if frames[-1].name == step_function else None
 
     # -- the regions that could be one step -------------------------------------------------------------
-    def device_loops(self, frame: Frame, world: str) -> list[Node]:
-        """Loops over the devices of one process (`for (d = 0; d < ndev; ++d)` with ncclCommInitAll): one
+    def device_loops(self, frame: Frame, devices: str) -> list[Node]:
+        """Loops over the devices of one process (`for (d = 0; d < ndev; ++d)`, `devices` being `ndev`): one
         iteration each under the harness, the rank's own."""
         out = []
         for n in walk(frame.body):
@@ -401,9 +401,23 @@ class Program:
                 left, right = cond.child_by_field_name("left"), cond.child_by_field_name("right")
                 op = cond.child_by_field_name("operator")
                 if left is not None and right is not None and op is not None and node_text(op) in ("<", "!=") and \
-                        node_text(left) == var and normalise(node_text(right)) == normalise(world):
+                        node_text(left) == var and normalise(node_text(right)) == normalise(devices):
                     out.append(n)
         return out
+
+    def loop_bound_at(self, line: int, functions: list[Node]) -> str:
+        """The bound (`n` of `i < n`) of the for loop around the call at `line` in one of `functions`."""
+        for fn in functions:
+            for call in self.calls_in(fn):
+                n = call.parent
+                while line_of(call) == line and n is not None and n != fn:
+                    cond = n.child_by_field_name("condition") if n.type == "for_statement" else None
+                    right = cond.child_by_field_name("right") if cond is not None and \
+                        cond.type == "binary_expression" else None
+                    if right is not None:
+                        return normalise(node_text(right))
+                    n = n.parent
+        return ""
 
     def candidates(self, frame: Frame, device_loops: list[Node]) -> list[Region]:
         """Every part of the frame that communicates: each outermost loop holding NCCL calls (loops over the
@@ -426,12 +440,20 @@ class Program:
         regions = [Region("loop", [loop]) for loop in loops]
         if straight:
             first, last = min(straight), max(straight)
-            while first > 0 and self.kind(top[first - 1]) == WORK:
+            # grown by the GPU work around it, but not into the end of an earlier group (the communicator's own
+            # creation in a group) nor into the start of a later one
+            while first > 0 and self.kind(top[first - 1]) == WORK and not self._only(top[first - 1], "ncclGroupEnd"):
                 first -= 1
-            while last + 1 < len(top) and self.kind(top[last + 1]) == WORK:
+            while last + 1 < len(top) and self.kind(top[last + 1]) == WORK and \
+                    not self._only(top[last + 1], "ncclGroupStart"):
                 last += 1
             regions.append(Region("statements", top[first:last + 1]))
         return sorted(regions, key=lambda r: r.start)
+
+    def _only(self, stmt: Node, name: str) -> bool:
+        """Whether `name` is the only work `stmt` does."""
+        work = [short_name(c)[1] for c in self.calls_in(stmt) if self.call_kind(c) in (WORK, COMM)]
+        return work == [name]
 
     def region_at(self, frame: Frame, kind: str, start: int, end: int) -> Region | None:
         """The region a plan names: the loop statement spanning exactly lines start-end, or the frame's

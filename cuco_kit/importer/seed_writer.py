@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cuco_kit.analysis import COMM_CALLS
 from cuco_kit.cuda_parse import Node, node_text, walk
 from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import ImportPlan
@@ -29,6 +30,7 @@ from cuco_kit.importer.program import (
     Frame,
     Program,
     body_statements,
+    call_args,
     declarations,
     declarator_name,
     frame_limits,
@@ -36,6 +38,7 @@ from cuco_kit.importer.program import (
     line_of,
     loop_body,
     loop_counter,
+    short_name,
     writes_of,
 )
 from cuco_kit.importer.size_expr import WORLD
@@ -53,6 +56,10 @@ _PROCESS_CALLS = re.compile(r"\b(exit|abort|_exit|MPI_Abort|fprintf|printf|puts|
 _FILE_SCOPE = ("translation_unit", "declaration_list", "template_declaration", "linkage_specification")
 _ENTRY = "\0cuco-entry-points\0"
 _STREAM_CREATE = ("cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority")
+# The legacy default stream as programs write it, and where calls take their stream (NCCL calls: the last).
+_DEFAULT_STREAMS = frozenset({"0", "NULL", "nullptr", "cudaStreamDefault", "cudaStreamLegacy", "(cudaStream_t)0"})
+_STREAM_ARG = {"cudaMemcpyAsync": 4, "cudaMemsetAsync": 3, "cudaMemcpy2DAsync": 7, "cudaEventRecord": 1,
+               "cudaLaunchKernel": 5, "cudaLaunchCooperativeKernel": 5}
 _EVENT_CREATE = ("cudaEventCreate", "cudaEventCreateWithFlags")
 
 
@@ -137,16 +144,17 @@ class _SeedWriter:
                              and c.name not in plan.fixed_sizes and c.name not in bound]
         self.derived = self._derived_globals()
         self.other_sizes = [k for k in plan.sizes if k not in bound and k not in self.constants]
-        self.device_loops = self.prog.device_loops(frames[-1], plan.world) if plan.per_device else []
+        self.device_loops = self.prog.device_loops(frames[-1], plan.devices) if plan.devices else []
         helpers = [self.prog.functions[n] for n in self.prog.reached(self.step)]
         self.recording = frozenset(_macro_names(code) & {x for fn in helpers for x in identifiers(fn)})
 
     # -- the whole file -------------------------------------------------------------------------------
     def text(self) -> str:
         todo = []
-        if not _identifier(self.plan.main_stream):
-            todo.append(f" * {TODO}: the step runs on stream {self.plan.main_stream!r}; make its work use "
-                        "ctx->stream")
+        helpers = [self.prog.functions[n] for n in self.prog.reached(self.step)]
+        if self._default_stream() and any(self._to_harness_stream(h) for h in helpers):
+            todo.append(f" * {TODO}: functions the step calls work on the default stream; make them use "
+                        "ctx->stream (the step's own calls do)")
         p = self.plan
         via = f" (main() calls it at line(s) {', '.join(map(str, p.call_lines))})" if p.call_lines else ""
         head = [f"// cuco: backends={SEED_BACKENDS}", "/*",
@@ -396,7 +404,7 @@ class _SeedWriter:
         """The frame that binds each harness name: the innermost one declaring it; a global is set in the
         outermost; a parameter comes with its argument; anything else is declared in the step's frame."""
         p = self.plan
-        names = [p.rank, p.world, p.comm, p.main_stream, *p.side_streams, *p.events,
+        names = [p.rank, p.world, p.devices, p.comm, p.main_stream, *p.side_streams, *p.events,
                  *(b.name for b in p.buffers)]
         out: dict[str, int] = {}
         self.globals: set[str] = set()
@@ -434,12 +442,14 @@ class _SeedWriter:
     def _bindings(self, k: int, owner: dict[str, int]) -> list[str]:
         p = self.plan
         here = {n for n, o in owner.items() if o == k}
-        dev = p.per_device
+        dev = bool(p.devices)
         out: list[str] = []
         if p.rank in here:
             out += self._bind(p.rank, "const int", "ctx->rank", False)
         if p.world in here:
             out += self._bind(p.world, "const int", "ctx->world_size", False)
+        if p.devices in here and p.devices != p.world:
+            out.append(f"const int {p.devices} = 1;  // cuco init: one device per rank under the harness")
         if p.comm in here:
             out += self._bind(p.comm, "ncclComm_t", "(ncclComm_t)ctx->nccl_comm", dev)
         out += self._size_bindings(k)
@@ -543,6 +553,35 @@ class _SeedWriter:
         line_start = self.data.rfind(b"\n", 0, node.start_byte) + 1
         return _dedent(self._apply(line_start, node.end_byte, []))
 
+    def _default_stream(self) -> bool:
+        return self.plan.main_stream in _DEFAULT_STREAMS
+
+    def _to_harness_stream(self, node: Node) -> list[_Edit]:
+        """Edits that put the work under `node` on the default stream (a launch without a stream, an NCCL call or
+        an async copy given 0) on ctx->stream instead."""
+        edits: list[_Edit] = []
+        for call in self.prog.calls_in(node):
+            syntax = next((c for c in call.children if c.type == "kernel_call_syntax"), None)
+            if syntax is not None:
+                config = [c for c in syntax.named_children if c.type != "comment"]
+                close = next((c for c in syntax.children if node_text(c) == ">>>"), None)
+                if len(config) == 4 and node_text(config[3]).replace(" ", "") in _DEFAULT_STREAMS:
+                    edits.append(_Edit(config[3].start_byte, config[3].end_byte, "ctx->stream"))
+                elif close is not None and len(config) in (2, 3):
+                    edits.append(_Edit(close.start_byte, close.start_byte,
+                                       ", 0, ctx->stream" if len(config) == 2 else ", ctx->stream"))
+                continue
+            _, name = short_name(call)
+            args = call_args(call)
+            at = len(args) - 1 if name in COMM_CALLS else _STREAM_ARG.get(name)
+            if at is None:
+                continue
+            if at < len(args) and node_text(args[at]).replace(" ", "") in _DEFAULT_STREAMS:
+                edits.append(_Edit(args[at].start_byte, args[at].end_byte, "ctx->stream"))
+            elif at == len(args) and args:
+                edits.append(_Edit(args[-1].end_byte, args[-1].end_byte, ", ctx->stream"))
+        return edits
+
     def _step_body(self) -> list[str]:
         p = self.plan
         out: list[str] = []
@@ -555,6 +594,9 @@ class _SeedWriter:
         out.append(f"// the step: {p.program} lines {p.step_start}-{p.step_end} of {p.step_function}(), as "
                    f"written{left}")
         edits = [_Edit(*self._extent(s), "") for s in self.left if self.region.contains(s)]
+        if self._default_stream():
+            out.append("// the program's work on the default stream runs on the harness stream")
+            edits += [e for s in self.step for e in self._to_harness_stream(s)]
         for loop in self.device_loops:
             inner = loop_body(loop)
             if self.region.contains(loop) and inner != loop:

@@ -112,8 +112,8 @@ def test_the_timed_loop_is_the_step_and_the_warm_up_is_left_out():
 def test_one_process_driving_every_device_runs_its_rank_only():
     name = "single_process_devices.cu"
     plan = plan_of(name)
-    assert plan.per_device and (plan.comm, plan.rank, plan.world, plan.main_stream) == ("comms", "", "ndev",
-                                                                                        "streams")
+    assert (plan.devices, plan.comm, plan.rank, plan.world, plan.main_stream) == ("ndev", "comms", "", "ndev",
+                                                                                   "streams")
     assert roles(plan) == {"shard": "input", "scores": "scratch", "probs": "output"}
     assert [x.why.split(" ")[0] for x in plan.left_out] == ["device"]  # cudaSetDevice inside the step
     seed = write_seed(plan, read(name))
