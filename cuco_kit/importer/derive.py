@@ -479,32 +479,31 @@ class _Deriver:
 
     # -- roles ----------------------------------------------------------------------------------------
     def _roles(self, nodes: list[dict[str, Any]], names: set[str]) -> dict[str, str]:
-        """input / output / inout / scratch from the order of reads and writes in the step: read only = input,
-        written only = output, written then read = scratch, read then written = inout. A kernel that reads and
-        writes a buffer nobody filled before the step produces it (a write first)."""
+        """input / output / inout / scratch from the order of reads and writes in the step: read only = input;
+        read first, then written = inout; written first = output when the step's last touch writes it (an
+        in-place all-reduce of what a kernel produced), scratch when the step reads it last. A kernel that reads
+        and writes a buffer nobody filled before the step produces it (a write first)."""
         first_id = min((n["id"] for n in nodes), default=0)
         filled: set[str] = set()
         for n in self.rep.graph.nodes:
             if n["id"] < first_id:
                 filled |= {self._norm(b) for b in n["writes"]}
         first: dict[str, str] = {}
-        read: set[str] = set()
+        last: dict[str, str] = {}
         written: set[str] = set()
         for n in nodes:
             reads = {self._norm(b) for b in n["reads"]} & names
             writes = {self._norm(b) for b in n["writes"]} & names
             for b in reads | writes:
                 first.setdefault(b, "write" if b in writes and (b not in reads or b not in filled) else "read")
-            read |= reads
+                last[b] = "write" if b in writes else "read"
             written |= writes
         roles = {}
-        for b in names:
-            if b in read and b in written:
-                roles[b] = "scratch" if first[b] == "write" else "inout"
-            elif b in written:
-                roles[b] = "output"
-            elif b in read:
-                roles[b] = "input"
+        for b, how in first.items():
+            if how == "read":
+                roles[b] = "inout" if b in written else "input"
+            else:
+                roles[b] = "output" if last[b] == "write" else "scratch"
         return roles
 
     def _mpi_results(self, left: list[tuple[Node, str]], kept: list[Node]) -> None:

@@ -349,9 +349,16 @@ class Program:
 
     # -- from main() to the step -----------------------------------------------------------------------
     def entry(self) -> Node | None:
-        """main(), or else the one host function nothing calls that reaches NCCL."""
-        if "main" in self.functions:
-            return self.functions["main"]
+        """Where the chain to the step starts: main(); or, when main() reaches NCCL through no call of this file,
+        the one function reaching it that main() names (`run_example(argc, argv, allReduce)` hands it to a
+        framework); without main(), the one host function nothing calls that reaches NCCL."""
+        main = self.functions.get("main")
+        if main is not None:
+            if self._reach["main"] == COMM:
+                return main
+            named = [fn for name, fn in self.functions.items()
+                     if name != "main" and self._reach[name] == COMM and name in identifiers(main)]
+            return named[0] if len(named) == 1 else main
         called = {short_name(c)[1] for fn in self.functions.values() for c in self.calls_in(fn)}
         roots = [fn for name, fn in self.functions.items() if name not in called and self._reach[name] == COMM]
         return roots[0] if len(roots) == 1 else None

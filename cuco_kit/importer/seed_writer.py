@@ -20,7 +20,9 @@ for this rank. The seed builds for `nccl` and for `symm` (host NCCL served by th
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from cuco_kit.analysis import COMM_CALLS
 from cuco_kit.cuda_parse import Node, node_text, walk
@@ -43,11 +45,14 @@ from cuco_kit.importer.program import (
 )
 from cuco_kit.importer.size_expr import WORLD
 from cuco_kit.importer.sizes import Constant, LocalSize, file_constants, local_sizes, type_text
+from cuco_kit.source_file import read_source
 
 TODO = "TODO(cuco init)"
 RECORDED = "cuco_recorded_error"
+HELPER_STREAM = "cuco_harness_stream"
 SEED_BACKENDS = "nccl,symm"
 _MPI_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*[<\"]mpi\.h[>\"][^\n]*\n?", re.MULTILINE)
+_LOCAL_INCLUDE = re.compile(r"^[ \t]*#[ \t]*include[ \t]*\"([^\"]+)\"[^\n]*\n?", re.MULTILINE)
 _EVOLVE_MARKER = re.compile(r"^[ \t]*//[ \t]*EVOLVE-BLOCK-(?:START|END)\b[^\n]*\n?", re.MULTILINE)
 # A function-like macro, its continuation lines included.
 _MACRO = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)((?:[^\n]*\\\n)*[^\n]*)", re.MULTILINE)
@@ -94,9 +99,37 @@ def _macro_names(text: str) -> set[str]:
     return {m.group(1) for m in _MACRO.finditer(text) if _PROCESS_CALLS.search(m.group(3))}
 
 
-def write_seed(plan: ImportPlan, code: str) -> str:
-    """The seed's source text (candidate ABI; it keeps the program's host NCCL calls)."""
-    return _SeedWriter(plan, code).text()
+def write_seed(plan: ImportPlan, code: str, headers: Mapping[str, str] | None = None) -> str:
+    """The seed's source text (candidate ABI; it keeps the program's host NCCL calls). `headers`: the program's
+    own headers (``#include "name"`` -> text), inlined so the seed stays one file."""
+    return _SeedWriter(plan, code, headers or {}).text()
+
+
+def inline_headers(text: str, headers: Mapping[str, str], seen: frozenset[str] = frozenset()) -> str:
+    """`text` with each ``#include "name"`` of one of `headers` replaced by that header's text (once each)."""
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in headers or name in seen:
+            return m.group(0)
+        body = inline_headers(headers[name], headers, seen | {name}).rstrip("\n")
+        return (f"// cuco init: the program's header {name}, inlined\n{body}\n"
+                f"// cuco init: end of {name}\n")
+
+    return _LOCAL_INCLUDE.sub(sub, text)
+
+
+def own_headers(program: Path, code: str) -> dict[str, str]:
+    """The program's own headers: ``#include "name"`` files next to it (and those they include), by name."""
+    out: dict[str, str] = {}
+    todo = [m.group(1) for m in _LOCAL_INCLUDE.finditer(code)]
+    while todo:
+        name = todo.pop()
+        path = program.parent / name
+        if name in out or not path.is_file():
+            continue
+        out[name] = read_source(path, "header")
+        todo += [m.group(1) for m in _LOCAL_INCLUDE.finditer(out[name])]
+    return out
 
 
 def _identifier(text: str) -> bool:
@@ -119,8 +152,9 @@ class _Edit:
 
 
 class _SeedWriter:
-    def __init__(self, plan: ImportPlan, code: str) -> None:
+    def __init__(self, plan: ImportPlan, code: str, headers: Mapping[str, str]) -> None:
         self.plan = plan
+        self.headers = headers
         self.code = code
         self.data = code.encode("utf-8")
         self.prog = Program(code, plan.program)
@@ -150,11 +184,7 @@ class _SeedWriter:
 
     # -- the whole file -------------------------------------------------------------------------------
     def text(self) -> str:
-        todo = []
-        helpers = [self.prog.functions[n] for n in self.prog.reached(self.step)]
-        if self._default_stream() and any(self._to_harness_stream(h) for h in helpers):
-            todo.append(f" * {TODO}: functions the step calls work on the default stream; make them use "
-                        "ctx->stream (the step's own calls do)")
+        todo: list[str] = []
         p = self.plan
         via = f" (main() calls it at line(s) {', '.join(map(str, p.call_lines))})" if p.call_lines else ""
         head = [f"// cuco: backends={SEED_BACKENDS}", "/*",
@@ -164,6 +194,9 @@ class _SeedWriter:
                 " * as written less what the plan leaves out (timing, reporting, MPI). The harness owns the",
                 " * communicator, the tensors, the stream, timing and verification.", *todo, " */",
                 '#include "cuco_abi.h"']
+        if self._helper_stream_edits():
+            head.append(f"static cudaStream_t {HELPER_STREAM} = 0;  // cuco init: the harness stream, for the "
+                        "functions the step calls (the program used the default stream)")
         body = self._file_text()
         entry = "\n\n".join([self._state(), self._setup(), self._step(), self._teardown()])
         return "\n".join(head) + "\n\n" + body.replace(_ENTRY, entry + "\n").rstrip() + "\n"
@@ -185,13 +218,13 @@ class _SeedWriter:
                     e.start <= n.start_byte < e.end for e in edits):
                 start, end = self._extent(n)
                 edits.append(_Edit(start, end, "// cuco init: a declaration that needs <mpi.h> is left out\n"))
-        edits += self._size_edits()
+        edits += self._size_edits() + self._helper_stream_edits()
         kept = [e for e in edits if e.text != _ENTRY]
         for s in self.left:
             if not self.region.contains(s) and not any(e.start <= s.start_byte < e.end for e in kept):
                 start, end = self._extent(s)
                 edits.append(_Edit(start, end, ""))
-        text = self._apply(0, len(self.data), edits)
+        text = inline_headers(self._apply(0, len(self.data), edits), self.headers)
         text = _EVOLVE_MARKER.sub("", _MPI_INCLUDE.sub("", text))
         return error_macros_returning(text, self.recording)
 
@@ -337,9 +370,12 @@ class _SeedWriter:
             lines.append(f"  if (t_{_member(b.name)} == NULL || t_{_member(b.name)}->capacity_bytes < "
                          f"(size_t)({_c_count(b.count)}) * sizeof({b.ctype})) return CUCO_ERR_PARAM;")
         lines += ["  CucoState* st = new CucoState();", "  ctx->user = st;"]
+        if p.scratch():
+            lines.append("  // zeroed: what a step reads of them without writing it (padding) is the same on every run")
         for b in p.scratch():
-            lines.append(f"  CUCO_CUDA_TRY(cudaMalloc(&st->{_member(b.name)}, (size_t)({_c_count(b.count)}) "
-                         f"* sizeof({b.ctype})));")
+            nbytes = f"(size_t)({_c_count(b.count)}) * sizeof({b.ctype})"
+            lines.append(f"  CUCO_CUDA_TRY(cudaMalloc(&st->{_member(b.name)}, {nbytes}));")
+            lines.append(f"  CUCO_CUDA_TRY(cudaMemset(st->{_member(b.name)}, 0, {nbytes}));")
         for s in p.side_streams:
             call = self._create_call(_STREAM_CREATE, s) or \
                 f"cudaStreamCreateWithFlags(&st->{_member(s)}, cudaStreamNonBlocking)"
@@ -380,6 +416,8 @@ class _SeedWriter:
         lines = ["CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {", "  CucoState* st = (CucoState*)ctx->user;"]
         if self.recording:
             lines.append(f"  {RECORDED} = CUCO_OK;")
+        if self._helper_stream_edits():
+            lines.append(f"  {HELPER_STREAM} = ctx->stream;")
         owner = self._owners()
         depth = 1
         for k, frame in enumerate(self.frames):
@@ -556,9 +594,16 @@ class _SeedWriter:
     def _default_stream(self) -> bool:
         return self.plan.main_stream in _DEFAULT_STREAMS
 
-    def _to_harness_stream(self, node: Node) -> list[_Edit]:
+    def _helper_stream_edits(self) -> list[_Edit]:
+        """The default-stream work of the functions the step calls, moved to HELPER_STREAM."""
+        if not self._default_stream():
+            return []
+        return [e for name in sorted(self.prog.reached(self.step))
+                for e in self._to_harness_stream(self.prog.functions[name], HELPER_STREAM)]
+
+    def _to_harness_stream(self, node: Node, stream: str = "ctx->stream") -> list[_Edit]:
         """Edits that put the work under `node` on the default stream (a launch without a stream, an NCCL call or
-        an async copy given 0) on ctx->stream instead."""
+        an async copy given 0) on the harness stream (`stream`) instead."""
         edits: list[_Edit] = []
         for call in self.prog.calls_in(node):
             syntax = next((c for c in call.children if c.type == "kernel_call_syntax"), None)
@@ -566,10 +611,10 @@ class _SeedWriter:
                 config = [c for c in syntax.named_children if c.type != "comment"]
                 close = next((c for c in syntax.children if node_text(c) == ">>>"), None)
                 if len(config) == 4 and node_text(config[3]).replace(" ", "") in _DEFAULT_STREAMS:
-                    edits.append(_Edit(config[3].start_byte, config[3].end_byte, "ctx->stream"))
+                    edits.append(_Edit(config[3].start_byte, config[3].end_byte, stream))
                 elif close is not None and len(config) in (2, 3):
                     edits.append(_Edit(close.start_byte, close.start_byte,
-                                       ", 0, ctx->stream" if len(config) == 2 else ", ctx->stream"))
+                                       f", 0, {stream}" if len(config) == 2 else f", {stream}"))
                 continue
             _, name = short_name(call)
             args = call_args(call)
@@ -577,9 +622,9 @@ class _SeedWriter:
             if at is None:
                 continue
             if at < len(args) and node_text(args[at]).replace(" ", "") in _DEFAULT_STREAMS:
-                edits.append(_Edit(args[at].start_byte, args[at].end_byte, "ctx->stream"))
+                edits.append(_Edit(args[at].start_byte, args[at].end_byte, stream))
             elif at == len(args) and args:
-                edits.append(_Edit(args[-1].end_byte, args[-1].end_byte, ", ctx->stream"))
+                edits.append(_Edit(args[-1].end_byte, args[-1].end_byte, f", {stream}"))
         return edits
 
     def _step_body(self) -> list[str]:
@@ -630,4 +675,5 @@ def _dedent(text: str) -> str:
     return "\n".join(x[cut:] if x.strip() else "" for x in lines)
 
 
-__all__ = ["RECORDED", "SEED_BACKENDS", "TODO", "error_macros_returning", "write_seed"]
+__all__ = ["HELPER_STREAM", "RECORDED", "SEED_BACKENDS", "TODO", "error_macros_returning", "inline_headers",
+           "own_headers", "write_seed"]

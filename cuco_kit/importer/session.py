@@ -21,7 +21,7 @@ from cuco_kit.evaluate.build import build, for_workload
 from cuco_kit.importer.check import WorkloadCheck, check_workload, reference_problems
 from cuco_kit.importer.derive import make_plan
 from cuco_kit.importer.plan import ImportPlan, require_consistent
-from cuco_kit.importer.seed_writer import write_seed
+from cuco_kit.importer.seed_writer import own_headers, write_seed
 from cuco_kit.importer.workload_writer import (
     ORIGINAL_FILE,
     PLAN_FILE,
@@ -65,6 +65,7 @@ class ImportSession:
         self.llm = llm
         self._builder = builder
         self.plan = plan if plan is not None else make_plan(self.code, self.program_path.name, name)
+        self.headers = own_headers(self.program_path, self.code)  # inlined into the seed
         self.notes: list[str] = []
 
     # -- the plan -----------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ class ImportSession:
     @property
     def skeleton(self) -> str:
         """The deterministic port of the program under the current plan."""
-        return write_seed(self.plan, self.code)
+        return write_seed(self.plan, self.code, self.headers)
 
     # -- the folder ---------------------------------------------------------------------------------------
     def write(self, *, overwrite: bool = False) -> Path:
