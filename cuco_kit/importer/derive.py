@@ -32,8 +32,10 @@ from cuco_kit.importer.program import (
     frame_limits,
     identifiers,
     line_of,
-    loop_counter,
+    reads_counter,
     root_name,
+    short_name,
+    step_counter,
     writes_of,
 )
 from cuco_kit.importer.size_expr import WORLD, element_count
@@ -129,6 +131,7 @@ class _Deriver:
         kept = [s for s in region.body() if all(s != x for x, _ in left)]
         step_ids = self._identifiers(region.body(), [s for s, _ in left])
 
+        loop_var = self._loop_var(kept)
         comm, rank, world = self._communicator(nodes, inits, step.name)
         self.world_names = self._aliases(world)
         allocs = [a for a in self.rep.allocations
@@ -139,7 +142,7 @@ class _Deriver:
                                     if e.function in self.names and e.call in _EVENT_CREATE and e.event
                                     and self._norm(e.event) not in self.prog.timing_events))
         mapped = {comm, *self.world_names, *self._aliases(rank), *(self._norm(a.buffer) for a in allocs), *streams,
-                  *events, *self.prog.timing_events, *identifiers_of(self.devices)} - {""}
+                  *events, *self.prog.timing_events, *identifiers_of(self.devices), loop_var or ""} - {""}
         self.constants = file_constants(self.prog.root)
         local = [local_sizes(self.prog, f.body, self.limits[k], mapped) for k, f in enumerate(frames)]
         self.local_vars = [{x.variable for x in per} for per in local]
@@ -159,7 +162,6 @@ class _Deriver:
         fixed = [k for k in sizes if k in fixed_set]
         self.notes += [f"size {k} is needed at compile time or as a launch's block shape: the seed keeps "
                        f"{k}={sizes[k]} and checks the parameter" for k in fixed]
-        loop_var = self._loop_var(step_ids)
         if loop_var is not None:
             sizes[loop_var] = 0
         free = {k: v for k, v in sizes.items() if k not in fixed and k != loop_var}
@@ -176,6 +178,12 @@ class _Deriver:
             self.notes.append(f"the step's last work runs on stream {main_stream!r}, which the program does not "
                               "create; it becomes the harness stream")
         self._mpi_results(left, kept)
+        elsewhere = sorted({short_name(c)[1] for s in kept for c in self.prog.calls_in(s)
+                            if short_name(c)[1] in self.prog.declared_only})
+        if elsewhere:
+            self.todo.append(f"the step calls {', '.join(f'{f}()' for f in elsewhere)}, which {self.program} "
+                             "declares but another file defines: its reads and writes are unknown here and the seed "
+                             "needs its code (put it in the seed or a .cuh next to it), then remove this line")
         for stmt in kept:
             if any(self.prog.call_kind(c) == SYNC for c in self.prog.calls_in(stmt)):
                 self.notes.append(f"L{line_of(stmt)} synchronises the host inside the step; the harness times the "
@@ -269,11 +277,11 @@ class _Deriver:
                     self.notes.append(x.note)
         return sizes
 
-    def _loop_var(self, step_ids: set[str]) -> str | None:
+    def _loop_var(self, kept: list[Node]) -> str | None:
         """The step loop's counter when the step reads it (a size, default 0, so the reference is told the step)."""
         loop = self.region.loop
-        v = loop_counter(loop) if loop is not None else None
-        if v and v in step_ids:
+        v = step_counter(loop) if loop is not None else None
+        if v and reads_counter(kept, v):
             self.notes.append(f"the step reads the loop counter {v}: it is a size (default 0), so the reference is "
                               "told which step it checks")
             return v
@@ -286,7 +294,7 @@ class _Deriver:
                                                                    list[dict[str, Any]]]:
         scored = []
         for r in regions:
-            left = self.prog.left_out(step.body, r.body())
+            left = self.prog.left_out(step.body, r.body(), loop=r.loop)
             spans = [(line_of(s), end_line_of(s)) for s, _ in left]
             scored.append((r, left, self.prog.step_nodes(self.frames, r, spans)))
         best = max(scored, key=lambda x: (len(x[2]), x[0].start))
@@ -433,6 +441,11 @@ class _Deriver:
                 out |= identifiers(s)
         return out
 
+    def _sizeof_typedefs(self, text: str) -> str:
+        """`sizeof(real)` -> `sizeof(float)` for the file's typedefs."""
+        return re.sub(r"sizeof\s*\(\s*([A-Za-z_]\w*)\s*\)",
+                      lambda m: f"sizeof({self.prog.typedefs.get(m.group(1), m.group(1))})", text)
+
     def _in_sizes(self, text: str, k: int, depth: int = 0) -> str:
         """C text of frame k rewritten in sizes, `world` and literals: locals replaced by what they are written
         with, parameters by the caller's arguments, derived constants by their value as written."""
@@ -461,7 +474,7 @@ class _Deriver:
                 return f"({self._in_sizes(args[params.index(name)], k - 1, depth + 1)})"
             return None
 
-        return " ".join(substitute(text, replace).split())
+        return " ".join(substitute(self._sizeof_typedefs(text), replace).split())
 
     def _ctype(self, name: str, k: int) -> str:
         """The element type of buffer `name`: from its declaration, else from the NCCL datatype of a call of the
@@ -470,8 +483,9 @@ class _Deriver:
         var = root_name(name)
         if var in decls:
             t = re.sub(r"\b(const|volatile|static|__restrict__|restrict)\b", "", type_text(decls[var][0])).strip()
+            t = self.prog.typedefs.get(" ".join(t.split()), " ".join(t.split()))
             if t and t != "void":
-                return " ".join(t.split())
+                return t
         for c in self.rep.collectives + self.rep.p2p:
             if any(self._norm(b) == name for b in c.buffers) and c.datatype in NCCL_CTYPES:
                 return NCCL_CTYPES[c.datatype]

@@ -58,6 +58,7 @@ _COMPOUND_TYPES = frozenset({"if_statement", "for_statement", "while_statement",
                              "compound_statement", "switch_statement", "else_clause", "case_statement"})
 _LEAF_TYPES = frozenset({"expression_statement", "declaration", "return_statement"})
 IDENTIFIER_TYPES = frozenset({"identifier", "type_identifier"})
+_KEYWORDS = frozenset({"if", "for", "while", "switch", "do", "return", "sizeof", "else"})
 
 
 def line_of(node: Node) -> int:
@@ -134,6 +135,39 @@ def loop_counter(loop: Node) -> str | None:
     return None
 
 
+def step_counter(loop: Node) -> str | None:
+    """The counter of a step loop: a for loop's own (`for (int it = 0; ...)`), or the variable a while/do loop's
+    condition reads and its body counts (`while (err > tol && iter < max) { ...; iter++; }`)."""
+    if loop.type == "for_statement":
+        return loop_counter(loop)
+    cond = loop.child_by_field_name("condition")
+    if cond is None:
+        return None
+    counted = {node_text(t) for n in walk(loop_body(loop))
+               for t in [_counted(n)] if t is not None and t.type == "identifier"}
+    found = sorted(counted & identifiers(cond))
+    return found[0] if len(found) == 1 else None
+
+
+def _counted(node: Node) -> Node | None:
+    """What `x++`, `--x`, `x += k` or `x -= k` counts."""
+    if node.type == "update_expression":
+        return node.child_by_field_name("argument")
+    op = node.child_by_field_name("operator") if node.type == "assignment_expression" else None
+    return node.child_by_field_name("left") if op is not None and node_text(op) in ("+=", "-=") else None
+
+
+def reads_counter(step: list[Node], name: str) -> bool:
+    """Whether the step reads `name` other than to count it."""
+    for s in step:
+        for n in walk(s):
+            if n.type == "identifier" and node_text(n) == name:
+                counting = n.parent is not None and _counted(n.parent) == n
+                if not counting:
+                    return True
+    return False
+
+
 def writes_of(stmt: Node) -> set[str]:
     """Variables a statement declares or stores to: declarators, assignment targets (their base name),
     ++/--, `&x` arguments and receivers of member calls (`v.push_back(x)`)."""
@@ -164,6 +198,10 @@ def writes_of(stmt: Node) -> set[str]:
             fn = n.child_by_field_name("function")
             if fn is not None and fn.type == "field_expression":
                 name = _base_name(fn.child_by_field_name("argument"))
+                if name:
+                    out.add(name)
+            elif short_name(n)[1] in COPY_CALLS and call_args(n):  # a copy stores to its destination
+                name = _base_name(call_args(n)[0])
                 if name:
                     out.add(name)
     return out
@@ -253,11 +291,20 @@ class Program:
         for n in walk(self.root):
             if n.type != "function_definition" or n.child_by_field_name("body") is None:
                 continue
+            name = function_name(n).split("::")[-1]
+            if name in _KEYWORDS:
+                continue  # a statement a macro without its `;` made look like a function (`POP_RANGE if (c) {`)
             if is_device_function(n):
                 self.device_functions.append(n)
             else:
-                self.functions.setdefault(function_name(n).split("::")[-1], n)
+                self.functions.setdefault(name, n)
         self.timing_events = self._timing_events()
+        # host functions this file declares but another file defines (a kernel launcher in a second unit)
+        self.declared_only = {declarator_name(d) for n in walk(self.root) if n.type == "declaration"
+                              and n.parent is not None and n.parent.type in ("translation_unit", "declaration_list")
+                              for d in n.children_by_field_name("declarator") if d.type == "function_declarator"}
+        self.declared_only -= set(self.functions) | {None}
+        self.typedefs = self._typedefs()
         self._reach: dict[str, str] = {}
         self._reaching()
 
@@ -283,10 +330,30 @@ class Program:
                 ordering.add(args[1])
         return timed - ordering
 
+    def _typedefs(self) -> dict[str, str]:
+        """name -> the type a typedef or alias names; of several (`#ifdef USE_DOUBLE typedef double real; #else
+        typedef float real;`), the one the preprocessor takes with the file's own #defines."""
+        defined = {node_text(name) for n in walk(self.root) if n.type in ("preproc_def", "preproc_function_def")
+                   for name in [n.child_by_field_name("name")] if name is not None}
+        out: dict[str, str] = {}
+        for n in walk(self.root):
+            if n.type == "type_definition":
+                name, target = n.child_by_field_name("declarator"), n.child_by_field_name("type")
+            elif n.type == "alias_declaration":
+                name, target = n.child_by_field_name("name"), n.child_by_field_name("type")
+            else:
+                continue
+            if name is None or target is None or not _taken(n, defined):
+                continue
+            out.setdefault(node_text(name), normalise(node_text(target)))
+        return out
+
     def _direct_kind(self, call: Node) -> str:
         kind, name = short_name(call)
         if kind == "launch":
             return WORK
+        if kind == "function" and name in self.declared_only:
+            return WORK  # a launcher another file defines
         args = call_args(call)
         first = root_name(node_text(args[0])) if args else ""
         if name in COMM_CALLS:
@@ -474,10 +541,13 @@ class Program:
         return Region("statements", stmts) if stmts else None
 
     # -- what a step leaves out -------------------------------------------------------------------------
-    def left_out(self, frame_body: Node, step: list[Node], ends: bool = True) -> list[tuple[Node, str]]:
+    def left_out(self, frame_body: Node, step: list[Node], ends: bool = True,
+                 loop: Node | None = None) -> list[tuple[Node, str]]:
         """(statement, why) for what one step leaves out: timing and reporting (and the host code that only
-        feeds them), MPI, choosing the device, and (with `ends`) synchronisations at either end of the step."""
-        report = _Reporting(self, frame_body)
+        feeds them, such as a convergence check's norm), MPI, choosing the device, and (with `ends`)
+        synchronisations at either end of the step. The step's own `loop` header is the harness's, not a
+        reader."""
+        report = _Reporting(self, frame_body, loop)
         out: dict[Node, str] = {}
         for s in step:
             out.update(report.maximal(s))
@@ -510,9 +580,7 @@ class Program:
         out: dict[int, Node] = {}
         for n in walk(self.root):
             ln = line_of(n)
-            if ln in lines and ln not in out and _is_statement(n) and not (
-                    n.type == "compound_statement" and n.parent is not None
-                    and n.parent.type == "function_definition"):
+            if ln in lines and ln not in out and _is_statement(n):
                 out[ln] = n
         return list(out.values())
 
@@ -532,13 +600,14 @@ class _Reporting:
     """Which statements of a function are timing and reporting: those whose calls are REPORT or DEVICE only,
     and then, repeatedly, host statements whose every written variable is read only by such statements."""
 
-    def __init__(self, program: Program, body: Node) -> None:
+    def __init__(self, program: Program, body: Node, loop: Node | None = None) -> None:
         self.program = program
         leaves = program.leaves(body)
         kinds = {s: program.kind(s) for s in leaves}
+        self.kinds = kinds
         self.report = {s for s in leaves if kinds[s] in (REPORT, DEVICE)}
         readers: dict[str, list[Node]] = {}
-        units = leaves + [h for n in walk(body) if n.type in _COMPOUND_TYPES for h in _headers(n)]
+        units = leaves + [h for n in walk(body) if n.type in _COMPOUND_TYPES and n != loop for h in _headers(n)]
         for u in units:
             written = writes_of(u) if u.type in _LEAF_TYPES else set()
             for name in identifiers(u):
@@ -569,18 +638,20 @@ class _Reporting:
         if any(self.program.kind(h) not in (HOST, REPORT, DEVICE) for h in _headers(stmt)):
             return False
         inner = [c for c in stmt.named_children if _is_statement(c) or c.type in ("else_clause", "case_statement")]
-        return bool(inner) and all(self.is_report(c) for c in inner)
+        # a synchronisation among reporting statements only waits for what they read (a norm to print)
+        waits = [c for c in inner if c.type in _LEAF_TYPES and self.kinds.get(c) == SYNC]
+        rest = [c for c in inner if c not in waits]
+        return bool(rest) and all(self.is_report(c) for c in rest)
 
     def maximal(self, stmt: Node) -> list[tuple[Node, str]]:
-        """The largest reporting statements in `stmt` that can be removed whole, with why."""
-        if self.is_report(stmt):
+        """The largest reporting statements in `stmt` that can be removed whole (statements of a block), with
+        why."""
+        if _is_statement(stmt) and self.is_report(stmt):
             return [(stmt, self.why(stmt))]
         out: list[tuple[Node, str]] = []
         for c in stmt.named_children:
-            if c.type == "compound_statement" or (c.type in _COMPOUND_TYPES and c.type != "compound_statement"
-                                                  and stmt.type == "compound_statement"):
-                out += self.maximal(c)
-            elif stmt.type == "compound_statement" and _is_statement(c):
+            if c.type in ("compound_statement", "else_clause") or (stmt.type == "compound_statement"
+                                                                   and _is_statement(c)):
                 out += self.maximal(c)
         return out
 
@@ -593,7 +664,23 @@ class _Reporting:
         if names & _PRINT_CALLS or any("cout" in node_text(x) or "cerr" in node_text(x) for x in walk(stmt)
                                        if x.type in ("identifier", "qualified_identifier")):
             return "reporting"
-        return "timing"
+        if names & (_CLOCK_CALLS | _STREAM_EVENT_CALLS | _EVENT_LIFE_CALLS | {"cudaEventSynchronize"}):
+            return "timing"
+        return "feeds only timing and reporting"
+
+
+def _taken(node: Node, defined: set[str]) -> bool:
+    """Whether the preprocessor keeps `node` (#ifdef / #ifndef on the file's own #defines; other conditions are
+    taken as true)."""
+    child, n = node, node.parent
+    while n is not None:
+        if n.type == "preproc_ifdef":
+            name = n.child_by_field_name("name")
+            want = (name is not None and node_text(name) in defined) == node_text(n.children[0]).endswith("ifdef")
+            if (child.type == "preproc_else") == want:
+                return False
+        child, n = n, n.parent
+    return True
 
 
 def _headers(stmt: Node) -> list[Node]:
@@ -602,11 +689,13 @@ def _headers(stmt: Node) -> list[Node]:
 
 
 def _is_statement(node: Node) -> bool:
-    """A statement of a block (not a declaration inside a for header or a condition)."""
+    """A statement of a block (not a declaration inside a for header or a condition, nor a function's body)."""
     parent = node.parent
     if parent is None:
         return False
     if node.type == "declaration" and parent.type in ("for_statement", "condition_clause"):
+        return False
+    if node.type == "compound_statement" and parent.type == "function_definition":
         return False
     return node.type in _STATEMENT_TYPES
 
@@ -670,4 +759,4 @@ def declarations(body: Node) -> dict[str, tuple[Node, Node]]:
 __all__ = ["COMM", "DEVICE", "ENV_CALLS", "Frame", "HOST", "IDENTIFIER_TYPES", "PARSE_CALLS", "Program", "REPORT",
            "Region", "SETUP", "SYNC", "WORK", "body_statements", "call_args", "declarations", "declarator_name",
            "end_line_of", "frame_limits", "frame_line", "identifiers", "line_of", "loop_body", "loop_counter",
-           "normalise", "root_name", "short_name", "writes_of"]
+           "normalise", "reads_counter", "root_name", "short_name", "step_counter", "writes_of"]

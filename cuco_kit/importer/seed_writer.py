@@ -539,8 +539,10 @@ class _SeedWriter:
             out.append(f"{items[0].ctype} {node_text(d) if d is not None else var} = {{{values}}};")
         if k == len(self.frames) - 1 and p.loop_var and self.region.loop is not None:
             init = self.region.loop.child_by_field_name("initializer")
-            ctype = type_text(init) if init is not None and init.type == "declaration" else "int"
-            out.append(f'const {ctype} {p.loop_var} = ({ctype})cuco_param(ctx, "{p.loop_var}");  // the loop counter: '
+            decl = declarations(self.frames[k].body).get(p.loop_var)
+            ctype = type_text(init) if init is not None and init.type == "declaration" else (
+                type_text(decl[0]) if decl is not None else "int")
+            out.append(f'{ctype} {p.loop_var} = ({ctype})cuco_param(ctx, "{p.loop_var}");  // the loop counter: '
                        "which step this is")
         return out
 

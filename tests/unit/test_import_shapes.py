@@ -136,7 +136,7 @@ def test_sizes_as_expressions_declarations_of_several_names_and_a_step_dependent
     # `const int threads = 256, blocks = (NX + threads - 1) / threads;`: each name after what it reads
     assert seed.index("const int threads = 256;") < seed.index("const int blocks = (NX + threads - 1) / threads;")
     assert seed.index("const int left = (rank + world - 1) % world;") < seed.index("const int right =")
-    assert 'const int t = (int)cuco_param(ctx, "t");' in seed
+    assert 'int t = (int)cuco_param(ctx, "t");' in seed
     assert "static int cuco_size_NX = 1048576;" in seed and "#define NX (cuco_size_NX)" in seed
     assert "share_unique_id() is left out" in seed and "fopen" not in seed
 
