@@ -133,7 +133,7 @@ class _Deriver:
 
         loop_var = self._loop_var(kept)
         comm, rank, world = self._communicator(nodes, inits, step.name)
-        self.world_names = self._aliases(world)
+        self.world_names = self._aliases(self._ranks_world(world))
         allocs = [a for a in self.rep.allocations
                   if a.function in self.names and a.kind in _DEVICE_MEMORY] + self._helper_allocations()
         streams = list(dict.fromkeys(self._norm(c.stream) for c in self.rep.streams
@@ -333,6 +333,16 @@ class _Deriver:
                                               f.name))
         return out
 
+    def _ranks_world(self, world: str) -> str:
+        """The world size as the harness sees it: with several devices per process (`nranks * ndev`), one device
+        per rank makes it the process count (`nranks`)."""
+        if self.devices and self.devices != world:
+            d = re.escape(self.devices)
+            m = re.fullmatch(rf"\s*(\w+)\s*\*\s*{d}\s*|\s*{d}\s*\*\s*(\w+)\s*", world)
+            if m:
+                return m.group(1) or m.group(2)
+        return world
+
     def _devices(self, inits: list[SetupCall]) -> str:
         """What the loops over one process's devices run to: ncclCommInitAll's count, or the bound of the loop
         that makes one communicator per device (`ncclCommInitRank(comms + i, ...)`); empty for one device."""
@@ -457,6 +467,8 @@ class _Deriver:
         def replace(name: str) -> str | None:
             if name in self.world_names:
                 return WORLD
+            if name == self.devices and self.devices not in self.world_names:
+                return "1"  # one device per rank under the harness
             if depth > 8 or name in self.local_vars[k]:
                 return None
             c = self.constants.get(name)

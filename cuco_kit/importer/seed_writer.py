@@ -171,7 +171,7 @@ class _SeedWriter:
         self.constants = file_constants(self.prog.root)
         self.limits = frame_limits(frames, region)
         self.local_sizes: list[list[LocalSize]] = [
-            [s for s in local_sizes(self.prog, f.body, self.limits[k], set()) if s.param in plan.sizes]
+            [s for s in local_sizes(self.prog, f.body, self.limits[k], {plan.loop_var or ""}) if s.param in plan.sizes]
             for k, f in enumerate(frames)]
         bound = {s.param for per in self.local_sizes for s in per} | {plan.loop_var}
         self.free_globals = [c for c in self.constants.values() if c.name in plan.sizes

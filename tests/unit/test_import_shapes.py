@@ -43,7 +43,7 @@ def roles(plan: ImportPlan) -> dict[str, str]:
 
 
 def test_every_shape_has_a_consistent_plan_with_nothing_left_to_decide():
-    assert len(SHAPES) == 6
+    assert len(SHAPES) == 8
     for name in SHAPES:
         plan = plan_of(name)
         assert check_plan(plan, read(name)) == [], name
@@ -164,6 +164,38 @@ def test_a_driver_function_called_once_holds_set_up_warm_up_and_a_timed_step():
     assert 'int real_rows[4] = {(int)cuco_param(ctx, "real_rows_0"),' in seed
     assert "if (!(ctx->world_size == 1 || ctx->world_size == 2 || ctx->world_size == 3 || ctx->world_size == 4))" \
         in seed
+
+
+def test_a_step_function_handed_to_a_launcher_in_another_file():
+    # main() only names smooth_and_reduce(); the program's own header (error macros, the launcher's declaration)
+    # is inlined; the work is on the default stream; a while loop counts the iterations and the kernel reads it
+    name = "framework_callback.cu"
+    plan = plan_of(name)
+    assert (plan.step_function, plan.call_lines, plan.step_kind) == ("smooth_and_reduce", [], "loop")
+    assert (plan.comm, plan.rank, plan.world, plan.main_stream) == ("comm", "rank", "nranks", "0")
+    assert roles(plan) == {"field": "inout"} and plan.buffers[0].ctype == "float"  # using scalar_t = float
+    assert plan.loop_var == "iteration" and plan.sizes == {"n": 256 * 1024, "iteration": 0}
+    s = ImportSession(PROGRAMS / name, Path("unused"))
+    seed = s.skeleton
+    assert "// cuco init: the program's header framework_callback_common.h, inlined" in seed
+    assert "#define CHECK_NCCL(cmd) do { if ((int)(cmd) != 0) return CUCO_ERR_NCCL; }" in seed
+    assert "smooth<<<(n + 255) / 256, 256, 0, ctx->stream>>>(field, n, iteration);" in seed
+    assert "ncclAllReduce(field, field, n, ncclFloat, ncclSum, comm, ctx->stream)" in seed
+    assert 'int iteration = (int)cuco_param(ctx, "iteration");' in seed and seed.count("int iteration =") == 1
+    assert "main() is left out" in seed
+
+
+def test_several_devices_per_process_become_one_per_rank():
+    name = "devices_per_process.cu"
+    plan = plan_of(name)
+    assert (plan.devices, plan.comm, plan.world) == ("ndev", "comms", "nranks * ndev")
+    assert roles(plan) == {"grads": "input", "grad_shard": "scratch", "velocity": "inout", "weights": "inout"}
+    assert plan.buffers[0].count == "kShard * world * 1"  # the harness's world: one device per rank
+    seed = write_seed(plan, read(name))
+    assert "const int ndev = 1;  // cuco init: one device per rank under the harness" in seed
+    assert seed.count("for (int d = ctx->rank; d == ctx->rank; ++d)") == 2
+    step = seed[seed.index("int cuco_step"):]
+    assert "ncclCommInitRank" not in step and "cudaSetDevice" not in step
 
 
 def test_a_left_out_statement_the_person_keeps_stays_in_the_seed():
