@@ -4,13 +4,15 @@
      omits_wait, wrong_unit_flag, barrier_missing_member) at 2 `symm` ranks, the all-gather's small preset, one
      evaluation per request seed (0 .. --seeds-1), with the stress build (the default) and, for the two the
      claim is about (flag_before_stores, omits_wait), without it for comparison; rejected = verdict fail;
-  2. no false alarms: every sample's device_lsa.cu and its copy seed at 1 (nccl), 2 and 4 (symm) ranks, small
-     preset, must pass; at 2 and 4 ranks each is evaluated with and without the stress build, and the L2 time
-     (load, set-up and trials, as the slowest rank saw it) of both is the stress build's cost, next to its
-     compile time. --variants adds every sample's covering set of knob variants (benchmarks/common.py) at 2 and
-     4 ranks under the stress build (two builds each: budget minutes for it).
+  2. no false alarms: every sample's device_lsa.cu and its copy seed at 1 (nccl), 2 and 4 (symm) ranks
+     (--honest-worlds), small preset, must pass; at 2 and 4 ranks each is evaluated with and without the stress
+     build, and the L2 time (load, set-up and trials, as the slowest rank saw it) of both is the stress build's
+     cost, next to its compile time. --variants adds every sample's covering set of knob variants
+     (benchmarks/common.py) at 2 and 4 ranks under the stress build (two builds each: budget minutes for it).
 Writes <out>/race_amplification.json (default benchmarks/harness/) and prints a table. Stops starting evaluations
-when --budget-s is spent (what did not run is listed under "skipped"). Exit code 0 when every claim held.
+when --budget-s is spent (what did not run is listed under "skipped"). Exit code 0 when every claim held. A
+workload's worlds end when its evaluations do (they are never used again), so the run keeps at most one
+workload's ranks on the GPU: it shares an MPS server with other tests in the gpu tier.
 """
 from __future__ import annotations
 
@@ -66,16 +68,16 @@ class Run:
                                             warmup=1, measure_seed=False, label=label))
 
 
-def prebuild(run: Run) -> float:
+def prebuild(run: Run, worlds: list[int]) -> float:
     """Every build the run needs, timed and stress alike, in parallel before any GPU work."""
     reqs = [EvalRequest(candidate_code=(ADV / f).read_text(), workload_dir=str(ALLGATHER), world_size=2,
                         backend="symm") for f in RACES]
     for name in WORKLOADS:
         for f in HONEST:
-            for world, backend in ((1, "nccl"), (2, "symm")):  # world 4 shares world 2's builds
+            for world in sorted({min(w, 2) for w in worlds}):  # world 4 shares world 2's builds
                 reqs.append(EvalRequest(candidate_code=(ROOT / "sample_kernels" / name / f).read_text(),
                                         workload_dir=str(ROOT / "sample_kernels" / name), world_size=world,
-                                        backend=backend))
+                                        backend=WORLD_BACKEND[world]))
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=12) as pool:
         list(pool.map(run.ev.prebuild, reqs))
@@ -106,7 +108,7 @@ def knob_variants(name: str) -> list[tuple[str, str]]:
     return [(f"device_lsa.cu[{short(kv)}]", src) for kv, src in covering_variants(code)[1:]]
 
 
-def honest(run: Run, variants: bool) -> list[dict[str, Any]]:
+def honest(run: Run, variants: bool, worlds: list[int]) -> list[dict[str, Any]]:
     rows = []
     for name in WORKLOADS:
         wl = ROOT / "sample_kernels" / name
@@ -115,7 +117,7 @@ def honest(run: Run, variants: bool) -> list[dict[str, Any]]:
             with ThreadPoolExecutor(max_workers=12) as pool:
                 list(pool.map(run.ev.prebuild, [EvalRequest(candidate_code=src, workload_dir=str(wl), world_size=2,
                                                             backend="symm") for _, src in extra]))
-        for world in WORLD_BACKEND:
+        for world in worlds:
             cases = [(f, (wl / f).read_text()) for f in HONEST] + (extra if world > 1 else [])
             for f, code in cases:
                 for stress in ((True, False) if world > 1 and f in HONEST else (True,)):
@@ -132,6 +134,7 @@ def honest(run: Run, variants: bool) -> list[dict[str, Any]]:
                                  "notes": prov.get("notes", [])})
                     print(f"race_amplification: {name}/{f} W{world} stress={stress}: {res.verdict} "
                           f"{res.reason[:120]}", flush=True)
+        run.ev.pool.close()  # this workload's worlds are not used again: free their ranks and GPU memory
     return rows
 
 
@@ -158,25 +161,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plain-seeds", type=int, default=10, help="seeds of the comparison without the stress build")
     ap.add_argument("--budget-s", type=float, default=210.0)
     ap.add_argument("--skip-honest", action="store_true")
+    ap.add_argument("--honest-worlds", default="1,2,4", help="world sizes of the honest samples (1 nccl, 2 and 4 symm)")
     ap.add_argument("--variants", action="store_true", help="also every sample's covering set of knob variants")
     args = ap.parse_args(argv)
     gpus = detect_gpu()
     if not gpus:
         print("race_amplification: no GPU (nvidia-smi lists none)")
         return 2
+    worlds = [int(w) for w in args.honest_worlds.split(",") if w]
+    if not worlds or any(w not in WORLD_BACKEND for w in worlds):
+        print(f"race_amplification: --honest-worlds {args.honest_worlds!r}: use sizes among {sorted(WORLD_BACKEND)}")
+        return 2
     t0 = time.monotonic()
     run = Run(args.budget_s)
     try:
-        build_s = prebuild(run)
+        build_s = prebuild(run, worlds)
         det = detection(run, args.seeds, args.plain_seeds)
-        rows = [] if args.skip_honest else honest(run, args.variants)
+        rows = [] if args.skip_honest else honest(run, args.variants, worlds)
     finally:
         run.ev.close()
     required_ok = all(det[f"{f}|stress"]["caught"] >= MIN_CAUGHT * args.seeds for f in REQUIRED)
     honest_ok = bool(rows) and all(r["verdict"] == "pass" for r in rows)
     result = {"meta": {"gpu": gpus[0]["name"], "driver": gpus[0].get("driver_version"), "git": git_revision(),
                        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "seeds": args.seeds,
-                       "plain_seeds": args.plain_seeds,
+                       "plain_seeds": args.plain_seeds, "honest_worlds": worlds,
                        "preset": PRESET, "prebuild_seconds": round(build_s, 1),
                        "stress": {"max_delay_us": run.ev.cfg.stress_max_delay_us,
                                   "permille": run.ev.cfg.stress_permille},

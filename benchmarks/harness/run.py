@@ -1,17 +1,22 @@
 """The harness's GPU check, in one command (scripts/remote_gpu/gpu_check.sh runs it; tests/gpu/test_harness_gpu.py
 asserts on it).
 
-  1. builds the all-gather samples and the adversarial set (L1, cached);
+  1. builds the all-gather samples and the adversarial set (L1) all at once, before any GPU work, into the shared
+     build cache (--cache-dir: the evaluator's default, so other runs' builds are reused);
   2. evaluates device_lsa.cu at world 1 under nccl and at 2 and 4 ranks under symm, and the seeds;
-  3. evaluates every adversarial candidate (tests/data/adversarial, EXPECTED.json): each must be rejected at its
-     level with its reason and never scored (below its min_world the honest outcome is a pass);
-  4. measures per-candidate evaluation time with warm workers against a cold start;
-  5. checks for leaks: no rank process, no MPS daemon we started, GPU memory back where it was.
+  3. evaluates every adversarial candidate (tests/data/adversarial, EXPECTED.json; --quick: one of each kind of
+     rejection): each must be rejected at its level with its reason and never scored (below its min_world the
+     honest outcome is a pass);
+  4. measures per-candidate evaluation time with warm workers against a cold start, and profiles one more
+     evaluation at 2 ranks (its kernel timeline) on the warm world;
+  5. checks for leaks: no rank process, no MPS daemon we started, GPU memory back where it was. It looks at the
+     whole machine: nothing else may use the GPU meanwhile (the gpu tier runs it alone).
 Writes JSON to --out and benchmarks/harness/, prints a table last. Exit code 0 only when every check held.
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import datetime as dt
 import json
 import os
@@ -29,14 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from console import progress, say
 
 from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.build import build_helpers
 from cuco_kit.evaluate.device import detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-from cuco_kit.evaluate.mps import mps_daemon_pids
+from cuco_kit.evaluate.mps import mps_daemon_pids, mps_pids_since
 from cuco_kit.evaluate.pool import live_worker_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 WL = ROOT / "sample_kernels" / "allgather"
 ADV = ROOT / "tests" / "data" / "adversarial"
+# --quick: one candidate per kind of rejection: wrong output, a forbidden host call (L0), a race only two ranks show
+QUICK_ADVERSARIAL = ("skips_compute.cu", "writes_file.cu", "drops_peer_stores.cu")
 
 
 def gpu_memory_used() -> list[int]:
@@ -63,9 +71,10 @@ def l0_available() -> bool:
 
 
 def run_case(ev: GpuEvaluator, name: str, path: Path, backend: str, world: int, params: dict[str, int],
-             expect: dict[str, Any], iters: int, parent: Path | None = None) -> dict[str, Any]:
+             expect: dict[str, Any], iters: int, parent: Path | None = None, **request: Any) -> dict[str, Any]:
     req = EvalRequest(candidate_code=path.read_text(), workload_dir=str(WL), params=params, world_size=world,
-                      backend=backend, iters=iters, parent_code=parent.read_text() if parent else None, label=name)
+                      backend=backend, iters=iters, parent_code=parent.read_text() if parent else None, label=name,
+                      **request)
     t0 = time.monotonic()
     try:
         res = ev.evaluate(req)
@@ -83,6 +92,9 @@ def run_case(ev: GpuEvaluator, name: str, path: Path, backend: str, world: int, 
            "warm": d.get("provenance", {}).get("warm_workers"),
            "worker_start_seconds": d.get("provenance", {}).get("worker_start_seconds"),
            "notes": d.get("provenance", {}).get("notes", []), "provenance": d.get("provenance", {})}
+    if d.get("timeline"):
+        row["timeline"] = {"ranks": sorted({r["rank"] for r in d["timeline"]}),
+                           "names": sorted({r["name"] for r in d["timeline"]})}
     if not ok:
         row["logs"] = {k: v[-2500:] for k, v in (d.get("logs") or {}).items()}
     say(f"[{'ok ' if ok else 'BAD'}] {name:28s} {backend}-{world}: {d['verdict']} {d.get('level_reached')} "
@@ -115,6 +127,18 @@ def check(d: dict[str, Any], expect: dict[str, Any]) -> tuple[bool, str]:
     return True, ""
 
 
+def prebuild(ev: GpuEvaluator, cases: list[tuple[Path, str, int]]) -> float:
+    """Every build the run needs (the helper library, each case's timed and stress builds), in parallel."""
+    reqs = [EvalRequest(candidate_code=path.read_text(), workload_dir=str(WL), backend=backend, world_size=world)
+            for path, backend, world in sorted(set(cases))]
+    t0 = time.monotonic()
+    with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
+        helpers = pool.submit(build_helpers, ev.cfg.cache_dir, ev.cfg.build)
+        list(pool.map(ev.prebuild, reqs))
+        helpers.result()
+    return time.monotonic() - t0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "benchmarks" / "harness" / "out"))
@@ -122,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting new cases after this long")
     ap.add_argument("--skip-adversarial", action="store_true")
+    ap.add_argument("--quick", action="store_true", help=f"adversarial set: only {', '.join(QUICK_ADVERSARIAL)}")
+    ap.add_argument("--cache-dir", default=str(EvaluatorConfig().cache_dir), help="build cache (shared by default)")
     args = ap.parse_args(argv)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     mps_before = set(mps_daemon_pids())
     has_l0 = l0_available()
     params = {"N_PER_RANK": args.n}
-    cache = Path(tempfile.mkdtemp(prefix="cuco-gpucheck-cache-"))
+    cache = Path(args.cache_dir)
     cfg = EvaluatorConfig(cache_dir=cache, scratch_root=Path(tempfile.mkdtemp(prefix="cuco-gpucheck-")))
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -144,12 +170,18 @@ def main(argv: list[str] | None = None) -> int:
     expected = json.loads((ADV / "EXPECTED.json").read_text())
     adversarial = [] if args.skip_adversarial else [
         (fname, exp, backend, world) for fname, exp in expected.items() if not fname.startswith("_")
-        for backend, world in (("nccl", 1), ("symm", 2)) if backend in exp.get("backends", ["nccl", "symm"])]
-    # baseline and seed per world, nccl-2 on two GPUs, 3 warm, the adversarial set, 1 cold
-    bar = progress(desc="gpu check", total=2 * len(worlds) + (n_gpus >= 2) + 3 + len(adversarial) + 1, unit="case")
+        for backend, world in (("nccl", 1), ("symm", 2)) if backend in exp.get("backends", ["nccl", "symm"])
+        if not args.quick or fname in QUICK_ADVERSARIAL]
+    builds = [(WL / name, backend, world) for backend, world in worlds
+              for name in ("device_lsa.cu", "seed_nccl.cu" if backend == "nccl" else "seed_copy.cu")]
+    builds += [(ADV / fname, backend, world) for fname, exp, backend, world in adversarial if exp["level"] != "L0"]
+    build_s = prebuild(ev, builds)
+    say(f"prebuilt {len(set(builds))} sources (and their stress builds) in {build_s:.1f} s")
+    # baseline and seed per world, nccl-2 on two GPUs, 3 warm, 1 profiled, the adversarial set, 1 cold
+    bar = progress(desc="gpu check", total=2 * len(worlds) + (n_gpus >= 2) + 4 + len(adversarial) + 1, unit="case")
 
-    def case(*a: Any) -> dict[str, Any]:
-        row = run_case(*a)
+    def case(*a: Any, **request: Any) -> dict[str, Any]:
+        row = run_case(*a, **request)
         bar.update()
         return row
 
@@ -167,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         warm = [case(ev, "device_lsa.cu (warm)", WL / "device_lsa.cu", "symm", 2, params, {"verdict": "pass"},
                      args.iters) for _ in range(3)]
         rows += warm
+        # the kernel timeline of one more evaluation on the warm world (every rank's kernels, the candidate's too)
+        rows.append(case(ev, "device_lsa.cu (timeline)", WL / "device_lsa.cu", "symm", 2, params, {"verdict": "pass"},
+                         5, None, timeline=True, measure_seed=False))
         # 3: adversarial set
         for fname, exp, backend, world in adversarial:
             if time.monotonic() - t_start > args.budget_s:
@@ -195,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     bar.close()
     # 5: leaks
     time.sleep(2.0)
-    leaks = {"rank_processes": live_worker_pids(), "mps_daemons_we_left": sorted(set(mps_daemon_pids()) - mps_before),
+    leaks = {"rank_processes": live_worker_pids(), "mps_daemons_we_left": mps_pids_since(mps_before),
              "compute_apps": compute_apps(), "gpu_memory_before_mib": mem_before,
              "gpu_memory_after_mib": gpu_memory_used()}
     mem_ok = all(a - b <= 256 for a, b in zip(leaks["gpu_memory_after_mib"], mem_before))
@@ -205,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
                 "cold_worker_start_seconds": cold_row and cold_row.get("worker_start_seconds"),
                 "note": "per-candidate evaluation incl. the seed re-measured in the same run; builds cached"}
     summary = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpus": gpus,
-               "l0_available": has_l0, "params": params, "iters": args.iters, "rows": rows, "skipped": skipped,
+               "l0_available": has_l0, "params": params, "iters": args.iters, "quick": args.quick,
+               "prebuild_seconds": round(build_s, 1), "rows": rows, "skipped": skipped,
                "overhead": overhead, "leaks": leaks, "leak_ok": leak_ok,
                "all_ok": all(r["ok"] for r in rows) and leak_ok and not skipped,
                "seconds": round(time.monotonic() - t_start, 1)}

@@ -44,7 +44,8 @@ class EvalRequest:
     trials: int = 3  # L2: fresh-input verification trials before timing
     seed: int = 0  # seeds inputs per (trial, rank) and the choice of verified iterations
     measure_seed: bool = True  # re-measure the workload's seed in the same run for the ratio
-    timeline: bool = False  # after timing, profile one more (untimed) iteration: per-rank kernel timeline
+    timeline: bool = False  # after timing, profile more (untimed) iterations: per-rank kernel timeline
+    timeline_iters: int = 1  # how many iterations `timeline` profiles, each on its own (rows carry "iteration")
     label: str = ""  # free text for logs (program id, name)
 
     def to_json(self) -> str:
@@ -73,8 +74,9 @@ class EvalResult:
     max_rel_err: float | None = None
     flagged: bool = False  # speed-up above 3x over the seed: a human looks before it counts
     badge: Badge = "real"
-    # {rank, stream, name, start_us, dur_us} per kernel of one profiled iteration (request.timeline); ranks on one
-    # host share a clock, so rows of different ranks line up.
+    # {rank, iteration, stream, name, start_us, dur_us} per kernel of the profiled iterations (request.timeline;
+    # request.timeline_iters of them, iteration counting from 0): start_us counts from the start of that rank's
+    # profile of that iteration.
     timeline: list[dict[str, Any]] | None = None
     # Both timings of a passing result: {"score": "device" | "end_to_end" (which one median_ms is), "device":
     # {median_ms, spread_ms, iteration_ms} or None (the step cannot be held), "end_to_end": {...}, "note": str}.

@@ -1,18 +1,22 @@
 """L1: build a candidate into a shared library with nvcc, cached by content hash.
 
-A candidate is one ``.cu`` file. The same source builds for two backends: ``nccl`` (the real NCCL device API,
-linked against the wheel's ``libnccl.so.2``) and ``symm`` (``-DCUCO_BUILD_SYMM=1``: ``cuco_lsa.h`` swaps in
-``lsa_compat.h``; no NCCL linked). cuBLAS is linked by soname (``libcublas.so.13``) with an rpath into the
+A candidate is one ``.cu`` file. The same source builds for two backends: ``nccl`` (the real NCCL, linked against
+the wheel's ``libnccl.so.2``) and ``symm`` (``-DCUCO_BUILD_SYMM=1``: ``cuco_lsa.h`` swaps in ``lsa_compat.h`` for
+the device API, and ``runtime/symm_nccl/`` comes first on the include path, so ``<nccl.h>`` is the host API over
+the ranks' shared memory; no NCCL linked). cuBLAS is linked by soname (``libcublas.so.13``) with an rpath into the
 wheel, so the candidate binds to the same libraries torch already loaded in the rank worker.
 
 The cache key covers everything that changes the binary: the code, the backend, the exact nvcc command, the
 nvcc version, the NCCL header version and the runtime headers' bytes. A finished build is moved into the cache
 with an atomic rename, so a reader sees either nothing or a complete ``.so``; the compiler log sits next to it.
-Failed builds leave a log but never a ``.so``, and are not cached (a timeout may be transient).
+Failed builds leave a log but never a ``.so``, and are not cached (a timeout may be transient). Threads and
+processes sharing a cache (several evaluators, the gpu tier's parallel tests) build a key once: a builder holds
+an flock on ``<key>.lock`` while nvcc runs, and the others wait for it and then find the ``.so``.
 """
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import os
@@ -22,7 +26,8 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -36,6 +41,7 @@ TOOLKIT_INCLUDE = Path("/usr/local/cuda/include")
 DEFAULT_GENCODE: tuple[str, ...] = ("-gencode=arch=compute_90a,code=sm_90a",)
 BASE_FLAGS: tuple[str, ...] = ("-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-lineinfo")
 SYMM_DEFINE = "-DCUCO_BUILD_SYMM=1"  # not CUCO_BACKEND_SYMM: that is an enumerator in cuco_abi.h
+SYMM_NCCL_SUBDIR = "symm_nccl"  # runtime/symm_nccl/nccl.h: host NCCL under symm, first on that include path
 STRESS_DEFINE = "-DCUCO_STRESS=1"  # runtime/cuco_stress.h: random pauses in the signalling primitives
 NCCL_SONAME = "libnccl.so.2"
 CUBLAS_SONAME = "libcublas.so.13"
@@ -103,10 +109,13 @@ def for_workload(cfg: BuildConfig | None, directory: str | Path) -> BuildConfig:
     return dataclasses.replace(cfg, workload_include=d.resolve())
 
 
-def has_stress_hooks(code: str) -> bool:
-    """Whether a source includes the runtime's signalling primitives (cuco_lsa.h), which its stress build
-    instruments; without them a stress build would be the same program."""
-    return _RUNTIME_PRIMITIVES_INCLUDE.search(code) is not None
+def has_stress_hooks(code: str, backend: str) -> bool:
+    """Whether a source's build for ``backend`` has waits its stress build instruments: the runtime's signalling
+    primitives (cuco_lsa.h), or, under symm, host NCCL calls (served by runtime/symm_nccl/nccl.h, whose flag waits
+    pause the same way). Without them a stress build would be the same program."""
+    if _RUNTIME_PRIMITIVES_INCLUDE.search(code):
+        return True
+    return backend == "symm" and _HOST_NCCL_INCLUDE.search(code) is not None
 
 
 def stress_config(cfg: BuildConfig | None) -> BuildConfig:
@@ -129,9 +138,9 @@ class BuildResult:
 
 
 def supported_backends(code: str) -> tuple[str, ...]:
-    """Backends a source can be built for. A ``// cuco: backends=nccl`` (or ``=nccl,symm``) line wins;
-    otherwise a file that includes ``<nccl.h>`` itself (host NCCL calls) is ``nccl`` only, and everything else
-    (``cuco_lsa.h`` candidates, copy-engine seeds) builds for both."""
+    """Backends a source can be built for. A ``// cuco: backends=nccl`` (or ``=nccl,symm``) line wins; otherwise
+    every source builds for both: ``cuco_lsa.h`` candidates, copy-engine seeds, and host NCCL calls
+    (``<nccl.h>``), which symm serves through runtime/symm_nccl/nccl.h."""
     m = _BACKENDS_LINE.search(code)
     if m:
         names = tuple(b.strip() for b in m.group(1).split(",") if b.strip())
@@ -139,8 +148,6 @@ def supported_backends(code: str) -> tuple[str, ...]:
         if unknown or not names:
             raise BadInput(f"'// cuco: backends=' names {unknown or 'nothing'}; use a comma list of {BACKENDS}")
         return names
-    if _HOST_NCCL_INCLUDE.search(code):
-        return ("nccl",)
     return BACKENDS
 
 
@@ -151,7 +158,8 @@ def nvcc_command(src: str | Path, out: str | Path, backend: str, cfg: BuildConfi
         raise BadInput(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
     cmd = [cfg.nvcc, *BASE_FLAGS, *cfg.gencode]
     if backend == "symm":
-        cmd.append(SYMM_DEFINE)
+        # before every other include dir: <nccl.h> must be the compat header, not the wheel's
+        cmd += [SYMM_DEFINE, f"-I{Path(cfg.runtime_dir) / SYMM_NCCL_SUBDIR}"]
     cmd += [f"-I{d}" for d in cfg.include_dirs()]
     cmd += list(cfg.extra_flags)
     cmd += [str(src), "-o", str(out)]
@@ -164,7 +172,7 @@ def nvcc_command(src: str | Path, out: str | Path, backend: str, cfg: BuildConfi
         cmd += [f"-L{cfg.cublas_lib}", f"-l:{CUBLAS_SONAME}", "-Xlinker", f"-rpath={cfg.cublas_lib}"]
     else:
         cmd.append("-lcublas")
-    # Unresolved symbols fail the build, not a later dlopen in a rank worker (e.g. host NCCL under symm).
+    # Unresolved symbols fail the build, not a later dlopen in a rank worker (a declared but undefined function).
     cmd += ["-Xlinker", "--no-undefined"]
     return cmd
 
@@ -214,13 +222,15 @@ def _nvcc_version(nvcc: str) -> str:
 
 
 def _headers_digest(cfg: BuildConfig) -> str:
-    """Bytes of the runtime headers plus the NCCL version: a header edit must invalidate cached builds."""
+    """Bytes of the runtime headers (symm_nccl/ included) plus the NCCL version: a header edit must invalidate
+    cached builds."""
     h = hashlib.sha256()
-    headers = sorted(Path(cfg.runtime_dir).glob("*.h"))
+    runtime = Path(cfg.runtime_dir)
+    headers = [(p.relative_to(runtime).as_posix(), p) for p in sorted(runtime.rglob("*.h"))]
     if cfg.workload_include is not None:
-        headers += sorted(Path(cfg.workload_include).glob("*.cuh"))
-    for p in headers:
-        h.update(p.name.encode())
+        headers += [(p.name, p) for p in sorted(Path(cfg.workload_include).glob("*.cuh"))]
+    for name, p in headers:
+        h.update(name.encode())
         h.update(p.read_bytes())
     if cfg.nccl_include is not None and (Path(cfg.nccl_include) / "nccl.h").exists():
         h.update(str(nccl_header_version(cfg.nccl_include)).encode())
@@ -259,6 +269,18 @@ def _run_nvcc(cmd: Sequence[str], cwd: Path, timeout_s: float) -> tuple[int | No
         return None, (out or "") + f"\nnvcc timed out after {timeout_s:g} s and was killed"
 
 
+@contextmanager
+def _one_builder(cache: Path, key: str) -> Iterator[None]:
+    """Hold the key's lock (flock: released by the kernel if the holder dies) while building it. Only saves the
+    duplicate compile: the build is atomic without it."""
+    with open(cache / f"{key}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def build(code: str, backend: str, cfg: BuildConfig | None = None,
           cache_dir: str | Path | None = None) -> BuildResult:
     """Build ``code`` for ``backend`` into ``<cache_dir>/<key>.so`` unless that file exists already."""
@@ -270,9 +292,19 @@ def build(code: str, backend: str, cfg: BuildConfig | None = None,
     so_path = cache / f"{key}.so"
     log_path = cache / f"{key}.log"
     if so_path.exists():
-        log = log_path.read_text(errors="replace") if log_path.exists() else ""
-        return BuildResult(True, so_path, log, time.monotonic() - t0, True, key)
+        return BuildResult(True, so_path, _log(log_path), time.monotonic() - t0, True, key)
+    with _one_builder(cache, key):
+        if so_path.exists():  # another thread or process built it while this one waited
+            return BuildResult(True, so_path, _log(log_path), time.monotonic() - t0, True, key)
+        return _compile(code, backend, cfg, cache, key, t0)
 
+
+def _log(log_path: Path) -> str:
+    return log_path.read_text(errors="replace") if log_path.exists() else ""
+
+
+def _compile(code: str, backend: str, cfg: BuildConfig, cache: Path, key: str, t0: float) -> BuildResult:
+    so_path, log_path = cache / f"{key}.so", cache / f"{key}.log"
     work = Path(tempfile.mkdtemp(prefix=f".build-{key[:12]}-", dir=cache))
     try:
         src, out = work / "candidate.cu", work / "candidate.so"

@@ -107,7 +107,7 @@ def prebuild(config: EvaluatorConfig, request: EvalRequest, *, stress: bool | No
     ok = bool(build(request.candidate_code, request.backend, cfg, config.cache_dir).ok)
     if stress is None:
         stress = config.stress and request.world_size > 1
-    if ok and stress and has_stress_hooks(request.candidate_code):
+    if ok and stress and has_stress_hooks(request.candidate_code, request.backend):
         build(request.candidate_code, request.backend, stress_config(cfg), config.cache_dir)
     return ok
 
@@ -170,8 +170,8 @@ class GpuEvaluator:
 
     def _wants_stress(self, request: EvalRequest) -> bool:
         """Whether the request's L2 trials run stressed (world > 1, and a GPU to run them: no second build for
-        nothing); the stress BUILD is only made for a candidate that has the runtime's primitives to instrument,
-        the others get the harness's late-rank jitter alone."""
+        nothing); the stress BUILD is only made for a candidate that has waits to instrument (the runtime's
+        primitives; host NCCL under symm), the others get the harness's late-rank jitter alone."""
         return self.cfg.stress and request.world_size > 1 and bool(self._detect())
 
     def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
@@ -246,7 +246,7 @@ class GpuEvaluator:
         bcfg = for_workload(self.cfg.build, wl.directory)
         with ThreadPoolExecutor(max_workers=1) as pool:  # the stress build beside the timed one
             stress_job = (pool.submit(build, req.candidate_code, req.backend, stress_config(bcfg), self.cfg.cache_dir)
-                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code) else None)
+                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code, req.backend) else None)
             b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
             sb: BuildResult | None = stress_job.result() if stress_job is not None else None
         logs["build"] = _tail(b.log)
@@ -401,7 +401,8 @@ class GpuEvaluator:
         limit = self.cfg.seed_step_limit_s
         if seed_res is not None and seed_res.median_ms is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)
-        cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline)
+        cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline,
+                   timeline_iters=req.timeline_iters)
         if stress_so is not None:
             cmd["stress"] = {"so_path": str(stress_so), "max_delay_ns": int(self.cfg.stress_max_delay_us * 1000),
                              "permille": int(self.cfg.stress_permille)}

@@ -240,6 +240,20 @@ def private_daemon_pids(pipe_dir: str) -> list[int]:
     return out
 
 
+def parent_pid(pid: int) -> int | None:
+    """A process's parent, from /proc; None when it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def mps_pids_since(before: set[int]) -> list[int]:
+    """MPS processes that were not running when ``before`` (mps_daemon_pids()) was taken, except a server that a
+    daemon from before started (for our clients or anyone's): that daemon is not ours to stop, nor its server."""
+    return sorted(p for p in set(mps_daemon_pids()) - before if parent_pid(p) not in before)
+
+
 def mps_daemon_pids() -> list[int]:
     """PIDs of running nvidia-cuda-mps-control/-server processes (for the leak check)."""
     out = []

@@ -519,16 +519,14 @@ class FastPath:
         self._run_l2(attempt, code, targets, self.evaluator)
 
     def _build_backends(self, code: str, attempt: Attempt) -> list[str]:
-        feats = attempt.l0.features if attempt.l0 else {}
         if attempt.stage == "B" and self.config.backend == "gin":
             return ["nccl"]
         try:
-            backs = list(supported_backends(code))
+            # host NCCL calls build for symm too (runtime/symm_nccl/nccl.h): Stage A is measured at the world
+            # its Stage B runs in
+            return list(supported_backends(code))
         except BadInput:
-            backs = ["nccl"]
-        if feats.get("uses_host_comm"):
-            backs = [b for b in backs if b == "nccl"] or ["nccl"]
-        return backs
+            return ["nccl"]
 
     def _build(self, code: str, backend: str) -> Any:
         if self._builder is not None:

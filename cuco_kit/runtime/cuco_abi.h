@@ -123,7 +123,8 @@ typedef struct cuco_scratch_request {
  *   rank, world_size           position in the world communicator (or in the symm group).
  *   local_rank                 rank within the host; with symm every rank shares device `device`.
  *   backend                    cuco_backend_t.
- *   nccl_comm                  ncclComm_t, NULL under symm.
+ *   nccl_comm                  ncclComm_t; under symm NULL, or for a host-NCCL build the communicator of
+ *                              runtime/symm_nccl/nccl.h (bound through its optional cuco_host_nccl_bind).
  *   stream                     the harness stream: all step work is enqueued here or joins back to it.
  *   cublas                     a cublasHandle_t made once per worker (set its stream before use).
  *   params/param_names         the workload's integer parameters (M, N, K, chunking seeds, ...);

@@ -28,6 +28,7 @@
 #include <cuda_runtime_api.h>
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#define CUCO_STRESS_LSA_BARRIER 1  /* the device API is known here: cuco_stress.h may wrap the LSA barrier */
 #include "cuco_stress.h"  /* -DCUCO_STRESS=1: random pauses in the primitives below (race amplification) */
 #ifdef __CUDACC__
 #include <cuda/atomic>

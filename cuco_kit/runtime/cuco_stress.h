@@ -15,7 +15,8 @@
  * this header, `ncclLsaBarrierSession` names the wrapper, which forwards every constructor and call and adds
  * the pauses. Raw atomics a candidate writes itself are not seen here: only the runtime's primitives pause.
  *
- * Included by cuco_devcomm.h, after the NCCL device API (real or compat), before the epoch flag helpers.
+ * Included by cuco_devcomm.h, after the NCCL device API (real or compat), before the epoch flag helpers, and by
+ * host_nccl_compat.h (host NCCL under symm), whose flag waits pause through the same hooks.
  */
 #ifndef CUCO_STRESS_H_
 #define CUCO_STRESS_H_
@@ -69,6 +70,42 @@ __device__ __forceinline__ void cuco_stress_before_wait_returns(const void* flag
   cuco_stress::pause(2, (uint64_t)(uintptr_t)flag ^ (cuco_stress::unit_id() << 20), epoch * 1024 + threadIdx.x);
 }
 
+#endif /* __CUDACC__ */
+
+/* Host: set this trial's seed, the longest pause (ns, 0 = none) and the chance of a pause per call (1/1000).
+ * Found by the harness with dlsym; only the stress build exports it. Returns a cudaError_t value. */
+extern "C" __attribute__((visibility("default"))) int cuco_stress_configure(uint64_t seed, uint32_t max_ns,
+                                                                           uint32_t permille) {
+#ifdef __CUDACC__
+  cudaError_t e = cudaMemcpyToSymbol(cuco_stress_seed_, &seed, sizeof(seed));
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(cuco_stress_max_ns_, &max_ns, sizeof(max_ns));
+  if (e == cudaSuccess) e = cudaMemcpyToSymbol(cuco_stress_permille_, &permille, sizeof(permille));
+  return (int)e;
+#else
+  (void)seed;
+  (void)max_ns;
+  (void)permille;
+  return 0;
+#endif
+}
+
+#else /* not the stress build: the hooks vanish */
+
+#ifdef __CUDACC__
+__device__ __forceinline__ void cuco_stress_after_signal(const void*, uint64_t) {}
+__device__ __forceinline__ void cuco_stress_before_wait_returns(const void*, uint64_t) {}
+#endif
+
+#endif /* CUCO_STRESS */
+
+#endif /* CUCO_STRESS_H_ */
+
+/* The LSA barrier with pauses needs the NCCL device API (real or compat): cuco_devcomm.h, included after that API,
+ * asks for it with CUCO_STRESS_LSA_BARRIER. Host NCCL under symm (symm_nccl/nccl.h) includes this header for the
+ * hooks alone, perhaps before cuco_lsa.h: hence a guard of its own. */
+#if defined(CUCO_STRESS_LSA_BARRIER) && !defined(CUCO_STRESS_LSA_BARRIER_H_)
+#define CUCO_STRESS_LSA_BARRIER_H_
+#if defined(CUCO_STRESS) && CUCO_STRESS && defined(__CUDACC__)
 /* The LSA barrier with pauses: after arrive (the whole coop pauses alike, so the unit's next stores are late)
  * and before wait returns. Forwards every constructor and call to the session it wraps. */
 template <typename Coop>
@@ -116,32 +153,5 @@ struct cuco_stress_lsa_barrier {
 };
 
 #define ncclLsaBarrierSession cuco_stress_lsa_barrier
-#endif /* __CUDACC__ */
-
-/* Host: set this trial's seed, the longest pause (ns, 0 = none) and the chance of a pause per call (1/1000).
- * Found by the harness with dlsym; only the stress build exports it. Returns a cudaError_t value. */
-extern "C" __attribute__((visibility("default"))) int cuco_stress_configure(uint64_t seed, uint32_t max_ns,
-                                                                           uint32_t permille) {
-#ifdef __CUDACC__
-  cudaError_t e = cudaMemcpyToSymbol(cuco_stress_seed_, &seed, sizeof(seed));
-  if (e == cudaSuccess) e = cudaMemcpyToSymbol(cuco_stress_max_ns_, &max_ns, sizeof(max_ns));
-  if (e == cudaSuccess) e = cudaMemcpyToSymbol(cuco_stress_permille_, &permille, sizeof(permille));
-  return (int)e;
-#else
-  (void)seed;
-  (void)max_ns;
-  (void)permille;
-  return 0;
-#endif
-}
-
-#else /* not the stress build: the hooks vanish */
-
-#ifdef __CUDACC__
-__device__ __forceinline__ void cuco_stress_after_signal(const void*, uint64_t) {}
-__device__ __forceinline__ void cuco_stress_before_wait_returns(const void*, uint64_t) {}
-#endif
-
-#endif /* CUCO_STRESS */
-
-#endif /* CUCO_STRESS_H_ */
+#endif /* CUCO_STRESS && __CUDACC__ */
+#endif /* CUCO_STRESS_LSA_BARRIER */

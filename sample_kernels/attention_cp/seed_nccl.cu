@@ -1,5 +1,4 @@
 // seed_nccl.cu — attention with context parallelism, the host-driven baseline (the CUCo paper's starting point).
-// cuco: backends=nccl
 //
 // The sequence (SEQ tokens, H heads, head dim D) is split across W ranks: rank r holds the Sr = SEQ/W tokens
 // at global positions [r*Sr, (r+1)*Sr) and computes the attention output of ITS queries over the WHOLE sequence
@@ -21,7 +20,9 @@
 // attention_kernel.cuh (included below, from the workload's folder). Here it runs over ONE segment: the
 // whole gathered sequence, keys at global positions [0, SEQ).
 //
-// Host NCCL needs the `nccl` backend (ctx->nccl_comm); under `symm` seed_copy.cu is the seed.
+// Host NCCL needs a communicator (ctx->nccl_comm): NCCL's under `nccl`; under `symm` the harness binds the host API
+// of runtime/symm_nccl/nccl.h, over the ranks' shared memory (seed_copy.cu remains the `symm` seed candidates are
+// measured against).
 #include <cuda_bf16.h>
 #include <nccl.h>
 
@@ -52,7 +53,7 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
-  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
+  if (ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
   attn::Problem pb;
   attn::Tensors t;
   CUCO_TRY(attn::read_problem(ctx, 1, &pb));

@@ -1,5 +1,4 @@
 // seed_nccl.cu — GEMM + AllGather, the host-driven baseline (the CUCo paper's starting point).
-// cuco: backends=nccl
 //
 // Tensor parallel Y_r = AllGather(X) @ W_r, bf16 operands, fp32 accumulation. With world size W and TOTAL sizes
 // M, N, K (workload parameters):
@@ -24,8 +23,9 @@
 // cublasGemmEx(N, N, m=N/W, n=rows, k=K, A=w (ld N/W), B=xg (ld K), C=y (ld N/W)). That GEMM, the operands'
 // checks and the "xg" request are gemm_host.cuh's, shared with the other sources.
 //
-// Host NCCL needs the `nccl` backend (ctx->nccl_comm); under `symm` there is no communicator and setup answers
-// CUCO_ERR_BACKEND — seed_copy.cu is the seed there.
+// Host NCCL needs a communicator (ctx->nccl_comm): NCCL's under `nccl`; under `symm` the harness binds the host API
+// of runtime/symm_nccl/nccl.h, over the ranks' shared memory (seed_copy.cu remains the `symm` seed candidates are
+// measured against).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <nccl.h>
@@ -42,7 +42,7 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
-  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
+  if (ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
   if (ctx->cublas == nullptr) return CUCO_ERR_PARAM;
   gemm_ag::Operands op;
   CUCO_TRY(op.open(ctx, 1));

@@ -1,6 +1,5 @@
 // seed_nccl.cu — KV-cache transfer prefill -> decode, the host-driven baseline: per layer a GEMM, then
 // ncclSend/ncclRecv of that layer's KV.
-// cuco: backends=nccl
 //
 // Rank 0 is the prefill rank, ranks 1..W-1 decode ranks (each receives the whole KV); at world size 1 rank 0
 // plays both roles and the transfer is a local copy. Per layer l of L (sizes are workload parameters):
@@ -22,7 +21,9 @@
 // written (valid_bytes 0 there, see workload.py); its K/V lives in kv_stage.
 //
 // The GEMM (kv_host.cuh's gemm_layer, shared with the other sources) is row-major through column-major cuBLAS.
-// Host NCCL needs the `nccl` backend; under `symm` setup answers CUCO_ERR_BACKEND (seed_copy.cu is the seed there).
+// Host NCCL needs a communicator (ctx->nccl_comm): NCCL's under `nccl`; under `symm` the harness binds the host API
+// of runtime/symm_nccl/nccl.h, over the ranks' shared memory (seed_copy.cu remains the `symm` seed candidates are
+// measured against).
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <nccl.h>
@@ -81,7 +82,7 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
-  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
+  if (ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
   Problem pb;
   Tensors t;
   CUCO_TRY(open_problem(ctx, &pb, &t));

@@ -1,6 +1,5 @@
 // seed_nccl.cu — expert-parallel MoE layer, the host-driven baseline: counts all-gather, grouped ncclSend/ncclRecv
 // dispatch, per-expert cuBLAS SwiGLU MLPs, grouped send/recv back, weighted combine.
-// cuco: backends=nccl
 //
 // World size W, E experts, EL = E/W per rank (rank q owns experts [q*EL, (q+1)*EL)); T token capacity per rank,
 // of which T_r are valid (x's valid_bytes / (H*2)); top-K routing; hidden H, expert intermediate I (see
@@ -38,7 +37,8 @@
 // What does not depend on the transport (checks, route, plan, expert MLPs, own-row copy) is moe_host.cuh's, shared
 // with the other two sources; the kernels are moe_kernels.cuh's. The step synchronises its stream to read the
 // counts, which stream capture forbids: under capture it gives the capture up at once (moe_host.cuh's
-// refuse_capture) and the harness runs it eagerly.
+// refuse_capture) and the harness runs it eagerly. Host NCCL needs a communicator (ctx->nccl_comm): NCCL's under
+// `nccl`; under `symm` the harness binds the host API of runtime/symm_nccl/nccl.h, over the ranks' shared memory.
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <nccl.h>
@@ -74,7 +74,7 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
 
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
-  if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
+  if (ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
   State* s = new State();
   const int rc = s->open(ctx, kWindowNames);
   if (rc != CUCO_OK) {

@@ -5,7 +5,7 @@
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
 #   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
-#   timing_races llm_search import_shapes
+#   gpu_quick timing_races llm_search host_nccl import_shapes
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -15,8 +15,12 @@
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone;
 #  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
 #  are added to them; timing_races: the launch-bias table and the race-amplification record, each checked by its
-#  gpu test, their JSON in the step's archive; import_shapes: every test program shape imported by cuco init,
-#  its seed run as its own oracle)
+#  gpu test, their JSON in the step's archive; gpu_tier: the whole gpu test tier in at most 540 s and gpu_quick its
+#  quick form in at most 300 s, both by scripts/remote_gpu/gpu_tier.py (what runs side by side, what alone, and
+#  why: its docstring), their junit files and logs in the step's archive, a per-file summary last; host_nccl: host
+#  NCCL under symm, every sample's seed_nccl.cu at 2 and 4 ranks with its median, every served call against torch,
+#  three wrong candidates; import_shapes: every test program shape imported by cuco init, its seed run as its own
+#  oracle at 1 rank under nccl and 2 under symm)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
 # runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` =
 # what is left minus a margin, so it stops starting evaluations in time to write its JSON; steps that no longer
@@ -50,11 +54,13 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     moe_bench_fp8)   echo "$PY benchmarks/moe_dispatch_combine/run.py --skip-l2 --bench-presets dsv3_e32_fp8 ${FP8_ARGS:-} --iters $ITERS --budget-s $2 --out $3" ;;
     kv)              echo "$PY benchmarks/kv_transfer/run.py --iters $ITERS --budget-s $2 --out $3" ;;
     gemm8192_w4)     echo "$PY benchmarks/gemm_allgather/run.py --worlds 4 --bench-presets 8192 --skip-l2 --iters $ITERS --budget-s $2 --out $3" ;;
-    timeline)        echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
+    timeline)        echo "env CUCO_GPU_QUICK=1 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
-    gpu_tier)        echo "$PY -m pytest -q -p no:cacheprovider -m gpu --junitxml=$3/gpu.xml tests/gpu" ;;
+    gpu_tier)        echo "$PY scripts/remote_gpu/gpu_tier.py --out $3 --budget-s $(( $2 < 540 ? $2 : 540 ))" ;;
+    gpu_quick)       echo "$PY scripts/remote_gpu/gpu_tier.py --quick --out $3 --budget-s $(( $2 < 300 ? $2 : 300 ))" ;;
     llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;
+    host_nccl)       echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_host_nccl_symm_gpu.py" ;;
     import_shapes)   echo "$PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_import_shapes_gpu.py" ;;
     *)               return 1 ;;
   esac
@@ -72,7 +78,8 @@ for step in "$@"; do
   t0=$SECONDS
   timeout --kill-after=10 $((left - 10)) $cmd >"$dir/$step.log" 2>&1
   src=$?
-  echo "== $step: rc=$src in $((SECONDS - t0)) s"; tail -n 25 "$dir/$step.log"
+  lines=25; case "$step" in gpu_tier|gpu_quick) lines=45 ;; esac  # their per-file summary is last
+  echo "== $step: rc=$src in $((SECONDS - t0)) s"; tail -n "$lines" "$dir/$step.log"
   [ "$src" = 0 ] || rc=1
   tar czf "$OUT/$step.tgz" -C "$WORK" "$step"
   # anything a killed step started must not outlive it (the bracket keeps the pattern off pkill's own command line)

@@ -3,8 +3,9 @@ the installed NCCL headers, for every backend it supports, plus the L1 cache aga
 
 Which backends a file is built for (cuco_kit.evaluate.build.supported_backends):
   - a `// cuco: backends=nccl` (or `=nccl,symm`, `=symm`) line in the file wins;
-  - otherwise a file that includes <nccl.h> itself (host NCCL calls, e.g. a seed_nccl.cu) builds for nccl only;
-  - everything else (candidates on cuco_lsa.h, copy-engine seeds on cuco_abi.h) builds for nccl AND symm.
+  - otherwise every file builds for nccl AND symm: candidates on cuco_lsa.h, copy-engine seeds on cuco_abi.h, and
+    host NCCL calls (a seed_nccl.cu), which symm serves through runtime/symm_nccl/nccl.h.
+No symm build links libnccl.
 Files are found by glob, so a new sample is covered without touching this file. Builds run on at most two
 workers (CI machines have two cores); the tier's wall time is printed and held to its 15-minute budget.
 """
@@ -63,6 +64,11 @@ def test_builds(built: dict, case: tuple[Path, str]) -> None:
     res = built["results"][case]
     assert res.ok, f"{_case_id(case)} failed to build:\n{res.log[-4000:]}"
     assert res.so_path is not None and res.so_path.stat().st_size > 0
+    if case[1] == "symm":
+        assert "nccl.so" not in res.log.splitlines()[0], "a symm build must not link libnccl"
+        if shutil.which("readelf"):
+            needed = subprocess.run(["readelf", "-d", str(res.so_path)], capture_output=True, text=True).stdout
+            assert "libnccl" not in needed, f"{_case_id(case)} needs libnccl:\n{needed}"
     if shutil.which("nm"):
         syms = subprocess.run(["nm", "-D", "--defined-only", str(res.so_path)], capture_output=True,
                               text=True).stdout
@@ -83,8 +89,10 @@ def test_every_sample_backend_pair_is_covered() -> None:
     names = {_case_id(c) for c in CASES}
     assert "sample_kernels/allgather/device_lsa.cu[symm]" in names
     assert "sample_kernels/allgather/device_lsa.cu[nccl]" in names
-    assert "sample_kernels/allgather/seed_nccl.cu[nccl]" in names
-    assert "sample_kernels/allgather/seed_nccl.cu[symm]" not in names  # host NCCL has no symm build
+    for sample in ("allgather", "attention_cp", "gemm_allgather", "kv_transfer", "moe_dispatch_combine"):
+        # host NCCL builds for both: symm serves it through runtime/symm_nccl/nccl.h
+        assert f"sample_kernels/{sample}/seed_nccl.cu[nccl]" in names
+        assert f"sample_kernels/{sample}/seed_nccl.cu[symm]" in names
 
 
 def test_expected_covers_exactly_the_adversarial_files() -> None:
@@ -138,11 +146,15 @@ def test_real_nvcc_cache_hit_miss_and_error(tmp_path: Path) -> None:
     assert not (tmp_path / f"{broken.key}.so").exists()
 
 
-def test_host_nccl_under_symm_fails_at_build_not_at_dlopen(tmp_path: Path) -> None:
+def test_a_host_nccl_call_symm_does_not_serve_fails_at_build_not_at_dlopen(tmp_path: Path) -> None:
     cfg = _toolchain()
     code = (ROOT / "sample_kernels" / "allgather" / "seed_nccl.cu").read_text()
+    split = ("ncclComm_t part;\n"
+             "  if (ncclCommSplit((ncclComm_t)ctx->nccl_comm, 0, 0, &part, NULL)) return CUCO_ERR_NCCL;\n")
+    code = code.replace("  CUCO_CHECK_ABI(ctx);\n", "  CUCO_CHECK_ABI(ctx);\n  " + split, 1)
+    assert "ncclCommSplit" in code
     res = B.build(code, "symm", cfg, tmp_path)
-    assert not res.ok and "ncclAllGather" in res.log
+    assert not res.ok and "ncclCommSplit" in res.log
 
 
 # Every name lsa_compat.h promises, used once: the same source must build against the real NCCL 2.28 device

@@ -1,6 +1,7 @@
 """Compile tier: the stress build (-DCUCO_STRESS=1, runtime/cuco_stress.h) of every sample and adversarial source
-that uses the runtime's signalling primitives builds for every backend it supports, exports the hook the harness
-configures it through, and the timed build of the same source does not export it.
+with waits to instrument (the runtime's signalling primitives; host NCCL under symm) builds for every backend where
+it has them, exports the hook the harness configures it through, and the timed build of the same source does not
+export it.
 
 The plain builds of the same files (the new adversarial ones included) are test_compile_samples.py's; the stress
 build is what the harness loads for L2 trials at two ranks and more (cuco_kit/evaluate/gpu_evaluator.py).
@@ -18,12 +19,13 @@ import pytest
 from cuco_kit.evaluate import build as B
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [p for p in sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted((ROOT / "tests" / "data" / "adversarial")
-           .glob("*.cu")) if B.has_stress_hooks(p.read_text())]
+SAMPLES = ROOT / "sample_kernels"
+SOURCES = sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted((ROOT / "tests" / "data" / "adversarial").glob("*.cu"))
 # Every sample's stress build for every backend; of the adversarial set, the signalling-race classes it exists to
 # catch, under symm (where the GPU tier runs them; their plain builds for both backends are test_compile_samples').
 RACES = ("omits_wait.cu", "flag_before_stores.cu", "wrong_unit_flag.cu", "barrier_missing_member.cu")
-CASES = ([(p, b) for p in SOURCES if "sample_kernels" in p.parts for b in B.supported_backends(p.read_text())]
+CASES = ([(p, b) for p in SOURCES if "sample_kernels" in p.parts for b in B.supported_backends(p.read_text())
+          if B.has_stress_hooks(p.read_text(), b)]
          + [(p, "symm") for p in SOURCES if p.name in RACES])
 HOOK = "cuco_stress_configure"
 BUDGET_S = 12 * 60
@@ -55,6 +57,9 @@ def test_every_sample_and_race_class_is_covered() -> None:
     names = {(p.parent.name, p.name) for p, _ in CASES}
     for wl in ("allgather", "attention_cp", "gemm_allgather", "kv_transfer", "moe_dispatch_combine"):
         assert (wl, "device_lsa.cu") in names
+        # host NCCL: its symm build pauses in the compat layer's waits; under nccl the waits are NCCL's own
+        seed = SAMPLES / wl / "seed_nccl.cu"
+        assert (seed, "symm") in CASES and (seed, "nccl") not in CASES
     assert {n for _, n in names} >= set(RACES)
 
 

@@ -46,9 +46,15 @@ def test_fastpath_reaches_l2_at_two_ranks_and_catches_dropped_peer_stores(evalua
 
 
 @pytest.mark.timeout(420)
-def test_sanitizer_names_the_kernel_behind_an_illegal_memory_access(evaluator) -> None:
+def test_sanitizer_names_the_kernel_behind_an_illegal_memory_access(evaluator, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from cuco_kit.evaluate.api import EvalRequest
     from cuco_kit.fastpath.sanitizer import has_illegal_access, sanitize
+
+    # The fault is on purpose: its ranks (world 1, nccl) stay out of any MPS daemon, as they are when none runs, so
+    # it stays in their own context and cannot reach the clients of a daemon the gpu tier shares between tests.
+    (tmp_path / "no-mps").mkdir()
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path / "no-mps"))
 
     code = (ROOT / "tests" / "data" / "adversarial" / "out_of_bounds.cu").read_text()
     req = EvalRequest(candidate_code=code, workload_dir=str(ROOT / "sample_kernels" / "allgather"), world_size=2,

@@ -11,8 +11,10 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from cuco_kit import markers
-from cuco_kit.evaluate.device import MULTICAST_OFF
+from cuco_kit.evaluate.device import MULTICAST_OFF, gpu_present
 from cuco_kit.llm.fake_server import answer
 from cuco_kit.llm.scripted import ScriptedClient
 from cuco_kit.search.budget import BudgetConfig
@@ -24,6 +26,8 @@ from cuco_kit.workload import load_workload
 
 os.environ.update(MULTICAST_OFF)  # every process of this test, ranks included, keeps NVLink multicast off
 MOE = Path(__file__).resolve().parents[2] / "sample_kernels" / "moe_dispatch_combine"
+
+pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU (nvidia-smi)")
 
 
 def _block(code: str, name: str, **subs: str) -> str:

@@ -102,6 +102,7 @@ def test_import_fast_path_and_search_from_the_result(evaluator, tmp_path) -> Non
     baseline = next(p for p in progs if p["source"] == "baseline")
     assert baseline["code"] == out.code and baseline["parent_id"] == stages[-1]["id"]
     verdicts = {e["program_id"]: e["verdict"] for e in evs if e["status"] == "done"}
-    assert verdicts[baseline["id"]] == "pass", verdicts
+    reasons = {e["program_id"]: f"{e['verdict']}: {e['reason']}" for e in evs if e["status"] == "done"}
+    assert verdicts[baseline["id"]] == "pass", reasons
     assert any(p["parent_id"] == baseline["id"] and p["id"] in verdicts for p in progs), "no child was evaluated"
     assert verdicts[stages[-1]["id"]] == "pass"  # Stage B's L2, copied into the search's lineage

@@ -317,13 +317,13 @@ def _seed(rel: str):
 def test_allgather_seed_nccl_exact():
     rep = _seed("allgather/seed_nccl.cu")
     assert [(c.call, c.line, c.function, c.args) for c in rep.collectives] == [
-        ("ncclAllGather", 30, "cuco_step",
+        ("ncclAllGather", 31, "cuco_step",
          ["x->local", "y->local", "n", "ncclBfloat16", "(ncclComm_t)ctx->nccl_comm", "ctx->stream"])]
     c = rep.collectives[0]
     assert (c.send, c.recv, c.stream, c.comm) == (
         'cuco_tensor(ctx, "x")->local', 'cuco_tensor(ctx, "y")->local', "ctx->stream", "ctx->nccl_comm")
     assert rep.p2p == rep.groups == rep.launches == rep.kernels == rep.allocations == rep.copies == []
-    assert [(n["kind"], n["line"]) for n in rep.graph.nodes] == [("collective", 30)] and rep.graph.edges == []
+    assert [(n["kind"], n["line"]) for n in rep.graph.nodes] == [("collective", 31)] and rep.graph.edges == []
     f = rep.features()
     assert f["uses_host_collectives"] and not f["uses_device_api"] and not f["uses_copy_engine"]
 

@@ -291,7 +291,7 @@ def test_bad_knob_value_is_refused():
 
 
 def test_backend_declarations():
-    assert build.supported_backends(_code("seed_nccl.cu")) == ("nccl",)
+    assert build.supported_backends(_code("seed_nccl.cu")) == ("nccl", "symm")  # symm: runtime/symm_nccl/nccl.h
     assert set(build.supported_backends(_code("seed_copy.cu"))) == {"nccl", "symm"}
     assert set(build.supported_backends(_code("device_lsa.cu"))) == {"nccl", "symm"}
 

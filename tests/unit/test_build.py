@@ -2,7 +2,9 @@
 Real nvcc builds are in tests/compile/test_compile_samples.py."""
 from __future__ import annotations
 
+import json
 import stat
+import subprocess
 import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
@@ -13,11 +15,13 @@ import pytest
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate import build as B
 
+ROOT = Path(__file__).resolve().parents[2]
 FAKE_NVCC = textwrap.dedent(
     """\
     #!{python}
     # Stands in for nvcc: '--version' prints a version; otherwise '#error' in the source fails like a compile
-    # error, 'SLEEP_FOREVER' hangs, anything else writes the -o file. Each compile appends a line to $FAKE_NVCC_LOG.
+    # error, 'SLEEP_FOREVER' hangs, 'SLOW' takes a second, anything else writes the -o file. Each compile
+    # appends a line to $FAKE_NVCC_LOG.
     import os, sys, time
     args = sys.argv[1:]
     if args == ["--version"]:
@@ -31,6 +35,8 @@ FAKE_NVCC = textwrap.dedent(
         print(src + "(1): error: forced failure for the test"); sys.exit(2)
     if "SLEEP_FOREVER" in code:
         time.sleep(600)
+    if "SLOW" in code:
+        time.sleep(1)
     open(out, "wb").write(b"ELF-fake " + code.encode())
     """
 )
@@ -81,6 +87,29 @@ def test_threads_building_the_same_code_at_once_all_succeed(fake_cfg: B.BuildCon
         results = list(pool.map(lambda _: B.build(CODE, "nccl", fake_cfg, cache), range(8)))
     assert all(r.ok for r in results), [r.log for r in results]
     assert [p.name for p in cache.iterdir()] and not list(cache.glob("*.tmp")) and not list(cache.glob(".build-*"))
+    assert _calls(tmp_path) == 1 and sum(not r.cached for r in results) == 1  # the others waited for that one
+
+
+BUILD_IN_A_PROCESS = """
+import json, sys
+from pathlib import Path
+from cuco_kit.evaluate import build as B
+paths = json.loads(sys.argv[1])
+cfg = B.BuildConfig(nvcc=paths["nvcc"], nccl_include=Path(paths["nccl_include"]), nccl_lib=Path(paths["nccl_lib"]),
+                    cublas_include=None, cublas_lib=None, runtime_dir=Path(paths["runtime_dir"]), timeout_s=30)
+r = B.build(sys.argv[2], "nccl", cfg, sys.argv[3])
+print(int(r.ok), int(r.cached))
+"""
+
+
+def test_processes_sharing_a_cache_compile_a_key_once(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
+    paths = json.dumps({f: str(getattr(fake_cfg, f)) for f in ("nvcc", "nccl_include", "nccl_lib", "runtime_dir")})
+    slow = "// SLOW: the compiles overlap\n" + CODE
+    procs = [subprocess.Popen([sys.executable, "-c", BUILD_IN_A_PROCESS, paths, slow, str(tmp_path / "cache")],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT) for _ in range(3)]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0] and [o[0] for o in outs] == ["1", "1", "1"]
+    assert _calls(tmp_path) == 1 and sorted(o[1] for o in outs) == ["0", "1", "1"]
 
 
 def test_harness_helpers_build_like_a_candidate(fake_cfg: B.BuildConfig, tmp_path: Path) -> None:
@@ -104,6 +133,15 @@ def test_runtime_header_change_invalidates(fake_cfg: B.BuildConfig, tmp_path: Pa
     before = B.cache_key(CODE, "nccl", fake_cfg)
     (fake_cfg.runtime_dir / "cuco_abi.h").write_text("/* abi, edited */\n")
     assert B.cache_key(CODE, "nccl", fake_cfg) != before
+
+
+def test_symm_nccl_header_change_invalidates(fake_cfg: B.BuildConfig) -> None:
+    compat = fake_cfg.runtime_dir / "symm_nccl"
+    compat.mkdir()
+    (compat / "nccl.h").write_text("/* compat */\n")
+    before = B.cache_key(CODE, "symm", fake_cfg)
+    (compat / "nccl.h").write_text("/* compat, edited */\n")
+    assert B.cache_key(CODE, "symm", fake_cfg) != before
 
 
 def test_nccl_header_version_is_part_of_the_key(fake_cfg: B.BuildConfig) -> None:
@@ -144,6 +182,10 @@ def test_nvcc_command_per_backend(fake_cfg: B.BuildConfig) -> None:
     assert "-DCUCO_BUILD_SYMM=1" in symm and "-DCUCO_BUILD_SYMM=1" not in nccl
     assert "-l:libnccl.so.2" in nccl and f"-rpath={fake_cfg.nccl_lib}" in nccl
     assert not any("nccl.so" in a for a in symm)
+    # under symm, <nccl.h> is the compat header: its folder comes before every other include dir (the wheel's)
+    compat = f"-I{fake_cfg.runtime_dir / 'symm_nccl'}"
+    includes = [a for a in symm if a.startswith("-I")]
+    assert includes[0] == compat and f"-I{fake_cfg.nccl_include}" in includes and compat not in nccl
     with pytest.raises(BadInput, match="unknown backend"):
         B.nvcc_command("a.cu", "a.so", "mpi", fake_cfg)
 
@@ -196,7 +238,8 @@ def test_version_mismatch_is_refused() -> None:
 def test_supported_backends() -> None:
     assert B.supported_backends('#include "cuco_lsa.h"\n') == ("nccl", "symm")
     assert B.supported_backends('#include "cuco_abi.h"\n') == ("nccl", "symm")
-    assert B.supported_backends("#include <nccl.h>\n") == ("nccl",)
+    assert B.supported_backends("#include <nccl.h>\n") == ("nccl", "symm")  # symm: runtime/symm_nccl/nccl.h
+    assert B.supported_backends("// cuco: backends=nccl\n#include <nccl.h>\n") == ("nccl",)
     assert B.supported_backends("// cuco: backends=symm\n#include <nccl.h>\n") == ("symm",)
     assert B.supported_backends("// cuco: backends=nccl, symm\n") == ("nccl", "symm")
     with pytest.raises(BadInput, match="backends"):

@@ -182,7 +182,7 @@ def test_every_knob_combination_is_an_l0_valid_child():
 
 def test_backend_declarations():
     build = pytest.importorskip("cuco_kit.evaluate.build")
-    assert build.supported_backends(_code("seed_nccl.cu")) == ("nccl",)
+    assert build.supported_backends(_code("seed_nccl.cu")) == ("nccl", "symm")  # symm: runtime/symm_nccl/nccl.h
     assert set(build.supported_backends(_code("seed_copy.cu"))) == {"nccl", "symm"}
     assert set(build.supported_backends(_code("device_lsa.cu"))) == {"nccl", "symm"}
 

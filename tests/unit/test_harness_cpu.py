@@ -305,3 +305,19 @@ def test_a_candidate_never_meets_another_requests_seed(monkeypatch) -> None:
     with pytest.raises(OracleMissing, match="no outputs for timed iteration 3"):
         same._verify(2002, {}, {"y": torch.ones(4)}, "timed iteration 3")
     assert h.agreed[-1] is True  # the peers learn of it through the same agreement and fail with it
+
+
+# ---- host NCCL under symm: only a library that exports the bind entry point gets a staging window ----------------
+# (the binding itself, with a real symm library on the CPU: tests/compile/test_host_nccl_symm.py)
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend, lib", [("symm", NS()), ("nccl", NS(cuco_host_nccl_bind=object()))])
+def test_no_staging_window_without_host_nccl_under_symm(backend: str, lib: Any) -> None:
+    def no_window(*a: Any) -> Any:
+        raise AssertionError("a staging window was allocated")
+
+    ev = _Evaluation.__new__(_Evaluation)
+    ev.h = NS(backend_name=backend, host_nccl_staging=None, backend=NS(alloc_window=no_window))
+    ev.ctx, ev.lib = abi.new_ctx(), lib
+    ev._bind_host_nccl()
+    assert ev.h.host_nccl_staging is None and not ev.ctx.nccl_comm

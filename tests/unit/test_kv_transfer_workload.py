@@ -255,7 +255,7 @@ def test_baseline_and_every_knob_value_pass_l0(baseline_code):
 
 
 def test_sources_declare_backends_scratch_and_no_stray_knobs(wl):
-    assert supported_backends(wl.path("seed_nccl.cu").read_text()) == ("nccl",)
+    assert supported_backends(wl.path("seed_nccl.cu").read_text()) == ("nccl", "symm")  # symm: symm_nccl/nccl.h
     assert set(supported_backends(wl.path("seed_copy.cu").read_text())) == {"nccl", "symm"}
     assert set(supported_backends(wl.path("device_lsa.cu").read_text())) == {"nccl", "symm"}
     for name in ("seed_nccl.cu", "seed_copy.cu", "device_lsa.cu"):

@@ -123,7 +123,9 @@ def test_data_files_ship_with_their_package(package):
     # Files a wheel install needs at run time (headers, runtime sources, prompt templates) must match package-data.
     patterns = PYPROJECT["tool"]["setuptools"].get("package-data", {}).get(package, [])
     folder = _package_dir(package)
-    data = [p for p in folder.iterdir() if p.is_file() and p.suffix not in (".py", ".pyc")]
+    # subfolders too (runtime/symm_nccl/), matched as setuptools globs them: "*.h" does not reach into a subfolder
+    data = [p for p in folder.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
     assert data, f"{package} holds no data files"
-    unshipped = [p.name for p in data if not any(p.match(pat) for pat in patterns)]
+    shipped = {p for pat in patterns for p in folder.glob(pat)}
+    unshipped = [p.relative_to(folder).as_posix() for p in data if p not in shipped]
     assert not unshipped, f"{package}: {unshipped} would be left out of a wheel (package-data: {patterns})"

@@ -14,6 +14,7 @@ from cuco_kit.errors import BadInput
 from cuco_kit.evaluate import build as B
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, timing_medians
 from cuco_kit.evaluate.gpu_evaluator import compare_timings, merge_replies
+from cuco_kit.evaluate.rank import harness
 from cuco_kit.evaluate.rank.harness import NO_HOLD_NOTE, _Evaluation
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.report import run_frame
@@ -86,6 +87,39 @@ def test_one_stall_is_retried_two_end_device_timing_for_the_library() -> None:
     assert steps.holds == 2  # nothing held after the second stall
     timed = [c for c in steps.calls if c["trial"] >= 2000]
     assert timed[0]["verify"] and not timed[0]["held"]  # the end-to-end step is verified instead
+
+
+def test_the_timeline_profiles_each_iteration_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    profiles: list[Any] = []
+
+    class _Profile:  # torch.profiler.profile as the harness uses it: a context whose events() lists the kernels
+        def __init__(self, activities: Any) -> None:
+            self.index, self.open = len(profiles), False
+            profiles.append(self)
+
+        def __enter__(self) -> Any:
+            self.open = True
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            self.open = False
+
+        def events(self) -> list[Any]:
+            return [NS(device_type="DeviceType.CUDA", name=f"k{self.index}", device_resource_id=7,
+                       time_range=NS(start=1.0, end=3.0))]
+
+    class _ProfiledSteps(_Steps):
+        def __call__(self, **kw: Any) -> tuple[float, bool]:
+            assert profiles and profiles[-1].open, "a profiled step ran outside its own profile"
+            return super().__call__(**kw)
+
+    monkeypatch.setattr(harness, "profile", _Profile)
+    steps = _ProfiledSteps()
+    rows = _evaluation(steps)._profiled_iterations(3)
+    assert [(r["iteration"], r["name"], r["rank"], r["dur_us"]) for r in rows] == [
+        (0, "k0", 0, 2.0), (1, "k1", 0, 2.0), (2, "k2", 0, 2.0)]
+    assert [c["trial"] for c in steps.calls] == [3000, 3001, 3002]  # fresh inputs each
+    assert all(c["held"] and not c["verify"] for c in steps.calls)  # held as the device time is; never verified
 
 
 class _Configure:
@@ -175,8 +209,13 @@ def test_stress_config_and_which_sources_have_hooks() -> None:
     cfg = B.stress_config(B.BuildConfig(extra_flags=("-DX=1",)))
     assert cfg.extra_flags == ("-DX=1", B.STRESS_DEFINE) and B.stress_config(cfg) == cfg
     assert B.STRESS_DEFINE in B.nvcc_command("a.cu", "a.so", "symm", cfg)
-    assert B.has_stress_hooks((ROOT / "tests" / "data" / "adversarial" / "flag_before_stores.cu").read_text())
-    assert not B.has_stress_hooks((ROOT / "sample_kernels" / "allgather" / "seed_copy.cu").read_text())
+    races = (ROOT / "tests" / "data" / "adversarial" / "flag_before_stores.cu").read_text()
+    assert B.has_stress_hooks(races, "symm") and B.has_stress_hooks(races, "nccl")
+    copies = (ROOT / "sample_kernels" / "allgather" / "seed_copy.cu").read_text()
+    assert not B.has_stress_hooks(copies, "symm") and not B.has_stress_hooks(copies, "nccl")
+    # host NCCL waits in the symm layer's flag kernels (which pause); under nccl they are NCCL's own
+    host_nccl = (ROOT / "sample_kernels" / "allgather" / "seed_nccl.cu").read_text()
+    assert B.has_stress_hooks(host_nccl, "symm") and not B.has_stress_hooks(host_nccl, "nccl")
 
 
 def test_simulated_results_carry_both_timings() -> None:

@@ -21,6 +21,9 @@ the same inputs). NaN never passes. L2 trials add a random per-rank delay before
 missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead:
 each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
 return, and a jitter past everyone else's; the timed build is loaded afterwards.
+Host NCCL under symm: a library that exports cuco_host_nccl_bind (a symm build of a source that includes <nccl.h>,
+runtime/symm_nccl/nccl.h) gets a staging window (one per worker, zeroed at every load) and is bound to it before
+cuco_setup; its communicator becomes ctx->nccl_comm.
 
 The ranks agree after every iteration (a gloo all-reduce of a failure flag is the host barrier), so when one
 rank fails all stop together instead of waiting for each other.
@@ -49,6 +52,9 @@ from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, verified_iterations
 from cuco_kit.workload import DTYPES, load_workload
 
 HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
+# Host NCCL under symm (runtime/host_nccl_compat.h): each rank's staging window; its first 4 KiB are flag words,
+# the rest is split between collective chunks and one point-to-point slot per peer
+HOST_NCCL_STAGING_BYTES = 32 << 20
 CUDA_ERROR_CAPTURE_UNJOINED = 904
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
 NO_HOLD_NOTE = ("device timing unavailable: cuco_step waits on the held stream (e.g. cudaStreamSynchronize or a "
@@ -165,6 +171,7 @@ class RankHarness:
         self.flags = self.backend.alloc_window("flags", (self.flag_words + HARNESS_WORDS) * 8)
         self.flags.tensor.zero_()
         self.scratch_pool: list[Any] = []
+        self.host_nccl_staging: Any = None  # made at the first load of a host-NCCL symm build, then reused
         # cuBLAS: one warm matmul loads libcublas and makes torch's handle for this device
         a = torch.randn(64, 64, device=self.dev)
         torch.matmul(a, a)
@@ -197,6 +204,9 @@ class RankHarness:
         for w in self.scratch_pool:
             self.backend.free_window(w)
         self.scratch_pool.clear()
+        if self.host_nccl_staging is not None:
+            self.backend.free_window(self.host_nccl_staging)
+            self.host_nccl_staging = None
         self.backend.close()
         self.dist.destroy_process_group()
 
@@ -272,7 +282,7 @@ class _Evaluation:
             reply["l2_seconds"] = round(time.monotonic() - t0, 4)
             reply.update(ok=True, verdict="pass", level="L3", **self._timed())
             if self.cmd.get("timeline"):
-                reply["timeline"] = self._profiled_iteration()
+                reply["timeline"] = self._profiled_iterations(max(1, int(self.cmd.get("timeline_iters", 1))))
         except CandidateFailure as f:
             reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
         except OracleMissing as exc:
@@ -333,6 +343,7 @@ class _Evaluation:
             raise CandidateFailure("L2", problem or "loading the candidate failed on a peer")
         self._fill_ctx()
         self._scratch()
+        self._bind_host_nccl()
         h.flags.tensor[: h.flag_words * 8].zero_()
         torch.cuda.synchronize(h.dev)
 
@@ -429,6 +440,36 @@ class _Evaluation:
             t.shape[0] = size
             self._fill_tensor(t, w, size)
         ctx.n_scratch = len(reqs)
+
+    def _bind_host_nccl(self) -> None:
+        """Host NCCL under symm: the library's cuco_host_nccl_bind (optional; only symm builds that include
+        <nccl.h> have it) gets this rank's staging window, zeroed, and returns the communicator cuco_setup finds in
+        ctx->nccl_comm. Every rank loaded the same library, so all of them allocate the (collective) window or
+        none does."""
+        h, ctx = self.h, self.ctx
+        bind = getattr(self.lib, "cuco_host_nccl_bind", None) if h.backend_name == "symm" else None
+        if bind is None:
+            return
+        if h.host_nccl_staging is None:
+            h.host_nccl_staging = h.backend.alloc_window("host_nccl_staging", HOST_NCCL_STAGING_BYTES)
+        w = h.host_nccl_staging
+        w.tensor.zero_()  # done before any peer signals: _load synchronises, and setup starts after a host barrier
+        staging = abi.CucoTensor()
+        abi.set_name(staging, "name", "host_nccl_staging")
+        staging.role, staging.dtype, staging.ndim = abi.ROLES["inout"], abi_dtype("u8"), 1
+        staging.shape[0] = HOST_NCCL_STAGING_BYTES
+        self._fill_tensor(staging, w, HOST_NCCL_STAGING_BYTES)
+        bind.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        bind.restype = ctypes.c_int
+        comm = ctypes.c_void_p(None)
+        rc = int(bind(ctypes.byref(ctx), ctypes.byref(staging), ctypes.byref(comm)))
+        problem = "" if rc == 0 and comm.value else (f"cuco_host_nccl_bind returned {abi.ERROR_NAMES.get(rc, rc)} "
+                                                     f"(staging window of {HOST_NCCL_STAGING_BYTES} bytes, "
+                                                     f"{h.world} ranks)")
+        if h._host_agree(bool(problem)):
+            raise CandidateFailure("L2", f"rank {h.rank}: {problem}" if problem else "cuco_host_nccl_bind failed "
+                                   "on a peer")
+        ctx.nccl_comm = comm.value
 
     def _setup(self) -> None:
         h = self.h
@@ -795,13 +836,18 @@ class _Evaluation:
         return {"times_ms": device if score == "device" else e2e, "device_ms": device or None, "e2e_ms": e2e,
                 "timing": score}
 
-    def _profiled_iteration(self) -> list[dict[str, Any]]:
-        """One more iteration under torch.profiler (CUDA activity): every kernel the step launched, from the
-        candidate's library too, with its stream and ns timestamps, held as the device time is (when it can be).
-        Never part of the timed numbers."""
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            self._step(trial=3000, what="profiled iteration", level="L3", verify=False, held=self.holdable)
-        return kernel_rows(prof.events(), self.h.rank)
+    def _profiled_iterations(self, n: int) -> list[dict[str, Any]]:
+        """``n`` more iterations, each under a torch.profiler of its own (CUDA activity): every kernel the step
+        launched, from the candidate's library too, with its stream and ns timestamps, held as the device time is
+        (when it can be). A profile per iteration keeps each iteration's rows apart (row key "iteration"), so the
+        kernels of one step can be told from the next step's input preparation. Never part of the timed numbers."""
+        rows: list[dict[str, Any]] = []
+        for i in range(n):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                self._step(trial=3000 + i, what=f"profiled iteration {i + 1}/{n}", level="L3", verify=False,
+                           held=self.holdable)
+            rows += [{**r, "iteration": i} for r in kernel_rows(prof.events(), self.h.rank)]
+        return rows
 
 
 def kernel_rows(events: Any, rank: int) -> list[dict[str, Any]]:
