@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.build import RUNTIME_DIR, build, for_workload
+from cuco_kit.evaluate.build import build, for_workload
 from cuco_kit.importer.plan import ImportPlan, check_plan
 from cuco_kit.importer.seed_writer import TODO
 from cuco_kit.importer.workload_writer import PLAN_FILE, REFERENCE_END, REFERENCE_START
@@ -27,8 +27,6 @@ from cuco_kit.workload import ORACLE_LABELS, Workload, load_workload
 
 SMALL = "small"
 WORLDS = (1, 2)
-# The host-NCCL layer the symm backend serves a host-NCCL seed with; a cuco_kit without it cannot build one.
-SYMM_HOST_NCCL = RUNTIME_DIR / "symm_nccl" / "nccl.h"
 
 
 @dataclass
@@ -235,10 +233,6 @@ def check_workload(directory: str | Path, *, compile_seed: bool = True,
             continue
         if builder is None and shutil.which("nvcc") is None:
             add(Finding("skipped", seed.name, f"not compiled for {backend}: no nvcc on this machine"))
-            continue
-        if backend == "symm" and builder is None and not SYMM_HOST_NCCL.is_file():
-            add(Finding("skipped", seed.name, "not compiled for symm: this cuco_kit has no host-NCCL layer for the "
-                                              "symm backend yet (cuco_kit/runtime/symm_nccl/nccl.h)"))
             continue
         r = (builder or build)(code, backend, for_workload(None, d))
         if r.ok:
