@@ -83,13 +83,14 @@ class ImportSession:
 
     # -- the folder ---------------------------------------------------------------------------------------
     def write(self, *, overwrite: bool = False) -> Path:
-        """Write the folder: the plan, the original, the deterministic seed and workload.py (reference stub)."""
-        require_consistent(self.plan, self.code)
+        """Write the folder: the plan, the original, the deterministic seed and workload.py (reference stub). A
+        plan with problems is written alone (to correct it) and InconsistentPlan lists them all."""
         d = self.directory
         if (d / "workload.py").exists() and not overwrite:
             raise BadInput(f"{d} already holds a workload.py; pass --force (overwrite=True) to replace it")
         d.mkdir(parents=True, exist_ok=True)
         self.plan.save(d / PLAN_FILE)
+        require_consistent(self.plan, self.code)
         (d / ORIGINAL_FILE).write_text(self.code, encoding="utf-8")
         (d / SEED_FILE).write_text(self.skeleton, encoding="utf-8")
         (d / "workload.py").write_text(write_workload(self.plan), encoding="utf-8")

@@ -202,3 +202,15 @@ def test_plan_only_then_the_corrected_plan_is_used(tmp_path):
     second = cuco("init", str(EXAMPLES / "allreduce_norm.cu"), "--workload", str(d))
     assert second.returncode == 0 and "using the plan in" in second.stdout
     assert "loads: my_norm" in check_workload(d, compile_seed=False).text()
+
+
+def test_a_plan_with_problems_is_written_alone_and_every_problem_listed(tmp_path):
+    d = tmp_path / "wl"
+    s = ImportSession(EXAMPLES / "allreduce_norm.cu", d)
+    s.plan.todo = ["which loop is the step"]
+    s.plan.buffers[3].role = "scratch"
+    with pytest.raises(InconsistentPlan) as info:
+        s.write()
+    assert info.value.problems[0] == "TODO: which loop is the step" and len(info.value.problems) == 2
+    assert ImportPlan.load(d / "cuco_plan.json").todo == ["which loop is the step"]
+    assert not (d / "workload.py").exists() and not (d / "seed_nccl.cu").exists()
