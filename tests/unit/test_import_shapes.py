@@ -167,11 +167,11 @@ def test_a_driver_function_called_once_holds_set_up_warm_up_and_a_timed_step():
 
 
 def test_a_step_function_handed_to_a_launcher_in_another_file():
-    # main() only names smooth_and_reduce(); the program's own header (error macros, the launcher's declaration)
+    # main() only names damp_and_reduce(); the program's own header (error macros, the launcher's declaration)
     # is inlined; the work is on the default stream; a while loop counts the iterations and the kernel reads it
     name = "framework_callback.cu"
     plan = plan_of(name)
-    assert (plan.step_function, plan.call_lines, plan.step_kind) == ("smooth_and_reduce", [], "loop")
+    assert (plan.step_function, plan.call_lines, plan.step_kind) == ("damp_and_reduce", [], "loop")
     assert (plan.comm, plan.rank, plan.world, plan.main_stream) == ("comm", "rank", "nranks", "0")
     assert roles(plan) == {"field": "inout"} and plan.buffers[0].ctype == "float"  # using scalar_t = float
     assert plan.loop_var == "iteration" and plan.sizes == {"n": 256 * 1024, "iteration": 0}
@@ -179,7 +179,7 @@ def test_a_step_function_handed_to_a_launcher_in_another_file():
     seed = s.skeleton
     assert "// cuco init: the program's header framework_callback_common.h, inlined" in seed
     assert "#define CHECK_NCCL(cmd) do { if ((int)(cmd) != 0) return CUCO_ERR_NCCL; }" in seed
-    assert "smooth<<<(n + 255) / 256, 256, 0, ctx->stream>>>(field, n, iteration);" in seed
+    assert "damp<<<(n + 255) / 256, 256, 0, ctx->stream>>>(field, n, iteration);" in seed
     assert "ncclAllReduce(field, field, n, ncclFloat, ncclSum, comm, ctx->stream)" in seed
     assert 'int iteration = (int)cuco_param(ctx, "iteration");' in seed and seed.count("int iteration =") == 1
     assert "main() is left out" in seed

@@ -1,18 +1,18 @@
 // A host-driven program written for cuco-kit's importer tests (not a sample), in the shape of NCCL's documented
 // examples: main() hands the work to a launcher defined in another file (launch_ranks, declared in the program's
-// own header), which calls smooth_and_reduce() once per rank. That function creates the communicator, then
-// iterates on the default stream: a kernel smooths the local field with a weight that depends on the iteration,
-// and an in-place all-reduce sums the fields over the ranks, until the iteration count is reached.
+// own header), which calls damp_and_reduce() once per rank. That function creates the communicator, then
+// iterates on the default stream: a kernel damps the local field by a factor that depends on the iteration and
+// adds a source, and an in-place all-reduce sums the fields over the ranks, until the iteration count is reached.
 #include "framework_callback_common.h"
 
 using scalar_t = float;
 
-__global__ void smooth(scalar_t* field, int n, int iteration) {
+__global__ void damp(scalar_t* field, int n, int iteration) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i > 0 && i < n - 1) field[i] = 0.5f * field[i] + 0.25f * (field[i - 1] + field[i + 1]) / (1 + iteration);
+  if (i < n) field[i] = field[i] * (0.5f / (1 + iteration)) + 0.001f * (i % 64);
 }
 
-void* smooth_and_reduce(int rank, int nranks, int device) {
+void* damp_and_reduce(int rank, int nranks, int device) {
   ncclUniqueId id;
   share_id(rank, &id);
   CHECK_CUDA(cudaSetDevice(device));
@@ -23,11 +23,11 @@ void* smooth_and_reduce(int rank, int nranks, int device) {
   scalar_t* field;
   CHECK_CUDA(cudaMalloc(&field, n * sizeof(scalar_t)));
   CHECK_CUDA(cudaMemset(field, 0, n * sizeof(scalar_t)));
-  if (rank == 0) printf("smoothing %d cells on %d ranks\n", n, nranks);
+  if (rank == 0) printf("damping %d cells on %d ranks\n", n, nranks);
 
   int iteration = 0;
   while (iteration < 50) {
-    smooth<<<(n + 255) / 256, 256>>>(field, n, iteration);
+    damp<<<(n + 255) / 256, 256>>>(field, n, iteration);
     CHECK_NCCL(ncclAllReduce(field, field, n, ncclFloat, ncclSum, comm, 0));
     ++iteration;
   }
@@ -39,4 +39,4 @@ void* smooth_and_reduce(int rank, int nranks, int device) {
   return nullptr;
 }
 
-int main(int argc, char** argv) { return launch_ranks(argc, argv, smooth_and_reduce); }
+int main(int argc, char** argv) { return launch_ranks(argc, argv, damp_and_reduce); }
