@@ -21,12 +21,14 @@ from cuco_kit.cuda_parse import Node, function_name, node_text, walk
 from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import CTYPES, BufferPlan, ImportPlan, LeftOut
 from cuco_kit.importer.program import (
+    EVENT_CREATE_CALLS,
     HOST,
     SYNC,
     Frame,
     Program,
     Region,
     body_statements,
+    call_args,
     declarations,
     end_line_of,
     frame_limits,
@@ -53,7 +55,6 @@ from cuco_kit.importer.sizes import (
 from cuco_kit.source_file import read_source
 
 COMM_INIT = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll")
-_EVENT_CREATE = ("cudaEventCreate", "cudaEventCreateWithFlags")
 _DEVICE_MEMORY = ("cuda", "nccl", "managed")
 # NCCL datatype -> C element type, for buffers declared void*.
 NCCL_CTYPES = {"ncclFloat": "float", "ncclFloat32": "float", "ncclHalf": "half", "ncclFloat16": "half",
@@ -139,7 +140,7 @@ class _Deriver:
         streams = list(dict.fromkeys(self._norm(c.stream) for c in self.rep.streams
                                      if c.function in self.names and c.call in STREAM_CREATE_CALLS))
         events = list(dict.fromkeys(self._norm(e.event) for e in self.rep.events
-                                    if e.function in self.names and e.call in _EVENT_CREATE and e.event
+                                    if e.function in self.names and e.call in EVENT_CREATE_CALLS and e.event
                                     and self._norm(e.event) not in self.prog.timing_events))
         mapped = {comm, *self.world_names, *self._aliases(rank), *(self._norm(a.buffer) for a in allocs), *streams,
                   *events, *self.prog.timing_events, *identifiers_of(self.devices), loop_var or ""} - {""}
@@ -324,7 +325,7 @@ class _Deriver:
                 if fn is None or any(fr.node == fn for fr in self.frames):
                     continue
                 binding = dict(zip(Frame(fn, function_name(fn)).parameter_names(),
-                                   (node_text(a).strip() for a in _args(call))))
+                                   (node_text(a).strip() for a in call_args(call))))
                 for a in self.rep.allocations:
                     target = root_name(a.buffer)
                     if a.function == function_name(fn) and a.kind in _DEVICE_MEMORY and target in binding:
@@ -381,7 +382,7 @@ class _Deriver:
         names = {expr} if re.fullmatch(r"[A-Za-z_]\w*", expr) else set()
         for f in self.frames[1:]:
             assert f.call is not None
-            args = [node_text(a).strip() for a in _args(f.call)]
+            args = [node_text(a).strip() for a in call_args(f.call)]
             for p, a in zip(f.parameter_names(), args):
                 if a in names and p:
                     names.add(p)
@@ -462,7 +463,7 @@ class _Deriver:
         frame = self.frames[k]
         decls = declarations(frame.body)
         params = frame.parameter_names()
-        args = [node_text(a).strip() for a in _args(frame.call)] if frame.call is not None else []
+        args = [node_text(a).strip() for a in call_args(frame.call)] if frame.call is not None else []
 
         def replace(name: str) -> str | None:
             if name in self.world_names:
@@ -547,13 +548,6 @@ class _Deriver:
 def _argument_of(binding: dict[str, str]) -> Callable[[str], str | None]:
     """A `substitute` replacement: a parameter by its argument (in parentheses)."""
     return lambda name: f"({binding[name]})" if name in binding else None
-
-
-def _args(call: Node | None) -> list[Node]:
-    if call is None:
-        return []
-    al = call.child_by_field_name("arguments")
-    return [c for c in al.named_children if c.type != "comment"] if al is not None else []
 
 
 def identifiers_of(text: str) -> set[str]:

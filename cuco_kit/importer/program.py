@@ -44,7 +44,8 @@ _PRINT_CALLS = frozenset({"printf", "fprintf", "vprintf", "vfprintf", "puts", "f
 _CLOCK_CALLS = frozenset({"MPI_Wtime", "clock", "gettimeofday", "clock_gettime", "omp_get_wtime", "now",
                           "cudaEventElapsedTime", "cudaProfilerStart", "cudaProfilerStop"})
 _STREAM_EVENT_CALLS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "cudaStreamWaitEvent"})
-_EVENT_LIFE_CALLS = frozenset({"cudaEventCreate", "cudaEventCreateWithFlags", "cudaEventDestroy"})
+EVENT_CREATE_CALLS = frozenset({"cudaEventCreate", "cudaEventCreateWithFlags"})
+_EVENT_LIFE_CALLS = EVENT_CREATE_CALLS | {"cudaEventDestroy"}
 _OTHER_SETUP = frozenset({"cudaStreamDestroy", "cudaMemcpyToSymbol", "cudaFuncSetAttribute", "cublasCreate",
                           "cublasDestroy", "cudaMallocHost", "cudaHostAlloc", "cudaFreeHost"})
 # How host programs read sizes from their command line and environment.
@@ -756,7 +757,7 @@ def declarations(body: Node) -> dict[str, tuple[Node, Node]]:
     return out
 
 
-__all__ = ["COMM", "DEVICE", "ENV_CALLS", "Frame", "HOST", "IDENTIFIER_TYPES", "PARSE_CALLS", "Program", "REPORT",
-           "Region", "SETUP", "SYNC", "WORK", "body_statements", "call_args", "declarations", "declarator_name",
-           "end_line_of", "frame_limits", "frame_line", "identifiers", "line_of", "loop_body", "loop_counter",
-           "normalise", "reads_counter", "root_name", "short_name", "step_counter", "writes_of"]
+__all__ = ["COMM", "DEVICE", "ENV_CALLS", "EVENT_CREATE_CALLS", "Frame", "HOST", "IDENTIFIER_TYPES", "PARSE_CALLS",
+           "Program", "REPORT", "Region", "SETUP", "SYNC", "WORK", "body_statements", "call_args", "declarations",
+           "declarator_name", "end_line_of", "frame_limits", "frame_line", "identifiers", "line_of", "loop_body",
+           "loop_counter", "normalise", "reads_counter", "root_name", "short_name", "step_counter", "writes_of"]

@@ -24,11 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuco_kit.analysis import COMM_CALLS
+from cuco_kit.analysis import COMM_CALLS, STREAM_CREATE_CALLS
 from cuco_kit.cuda_parse import Node, node_text, walk
 from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import ImportPlan
 from cuco_kit.importer.program import (
+    EVENT_CREATE_CALLS,
     Frame,
     Program,
     body_statements,
@@ -60,12 +61,10 @@ _MACRO = re.compile(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)((?:[^\n]*\\\n)*
 _PROCESS_CALLS = re.compile(r"\b(exit|abort|_exit|MPI_Abort|fprintf|printf|puts|perror)\s*\(")
 _FILE_SCOPE = ("translation_unit", "declaration_list", "template_declaration", "linkage_specification")
 _ENTRY = "\0cuco-entry-points\0"
-_STREAM_CREATE = ("cudaStreamCreate", "cudaStreamCreateWithFlags", "cudaStreamCreateWithPriority")
 # The legacy default stream as programs write it, and where calls take their stream (NCCL calls: the last).
 _DEFAULT_STREAMS = frozenset({"0", "NULL", "nullptr", "cudaStreamDefault", "cudaStreamLegacy", "(cudaStream_t)0"})
 _STREAM_ARG = {"cudaMemcpyAsync": 4, "cudaMemsetAsync": 3, "cudaMemcpy2DAsync": 7, "cudaEventRecord": 1,
                "cudaLaunchKernel": 5, "cudaLaunchCooperativeKernel": 5}
-_EVENT_CREATE = ("cudaEventCreate", "cudaEventCreateWithFlags")
 
 
 def error_macros_returning(text: str, recording: frozenset[str] = frozenset()) -> str:
@@ -377,11 +376,11 @@ class _SeedWriter:
             lines.append(f"  CUCO_CUDA_TRY(cudaMalloc(&st->{_member(b.name)}, {nbytes}));")
             lines.append(f"  CUCO_CUDA_TRY(cudaMemset(st->{_member(b.name)}, 0, {nbytes}));")
         for s in p.side_streams:
-            call = self._create_call(_STREAM_CREATE, s) or \
+            call = self._create_call(STREAM_CREATE_CALLS, s) or \
                 f"cudaStreamCreateWithFlags(&st->{_member(s)}, cudaStreamNonBlocking)"
             lines.append(f"  CUCO_CUDA_TRY({call});")
         for e in p.events:
-            call = self._create_call(_EVENT_CREATE, e) or \
+            call = self._create_call(EVENT_CREATE_CALLS, e) or \
                 f"cudaEventCreateWithFlags(&st->{_member(e)}, cudaEventDisableTiming)"
             lines.append(f"  CUCO_CUDA_TRY({call});")
         if p.side_streams:
@@ -390,7 +389,7 @@ class _SeedWriter:
                       "cudaEventDisableTiming));" for s in p.side_streams]
         return "\n".join(lines + ["  return CUCO_OK;", "}"])
 
-    def _create_call(self, names: tuple[str, ...], handle: str) -> str | None:
+    def _create_call(self, names: frozenset[str], handle: str) -> str | None:
         """The program's call that creates `handle` (``cudaStreamCreate(&s)``), its first argument the seed's
         state member (``&st->s``)."""
         for f in self.frames:
