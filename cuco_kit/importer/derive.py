@@ -52,7 +52,6 @@ from cuco_kit.importer.sizes import (
     multiples,
     type_text,
 )
-from cuco_kit.source_file import read_source
 
 COMM_INIT = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll")
 _DEVICE_MEMORY = ("cuda", "nccl", "managed")
@@ -73,12 +72,6 @@ def make_plan(code: str, filename: str = "program.cu", name: str | None = None) 
         raise BadInput(f"{filename}: no NCCL collectives or send/recv calls; cuco init imports a host program "
                        "that communicates with NCCL (ncclAllReduce, ncclSend/ncclRecv, ...)")
     return _Deriver(prog, Path(filename).name, name).plan()
-
-
-def plan_file(path: str | Path, name: str | None = None) -> tuple[ImportPlan, str]:
-    """(the plan, the program's text) of a program file."""
-    code = read_source(path, "program")
-    return make_plan(code, str(Path(path).name), name), code
 
 
 def substitute(text: str, replace: Callable[[str], str | None]) -> str:
@@ -554,4 +547,4 @@ def identifiers_of(text: str) -> set[str]:
     return set(re.findall(r"[A-Za-z_]\w*", text)) - {WORLD}
 
 
-__all__ = ["COMM_INIT", "NCCL_CTYPES", "comm_init", "make_plan", "plan_file", "substitute"]
+__all__ = ["COMM_INIT", "NCCL_CTYPES", "comm_init", "make_plan", "substitute"]
