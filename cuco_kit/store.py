@@ -30,10 +30,15 @@ fails SQLite's quick_check is refused with one line and left as it was, byte for
 next to it. A statement that meets a damaged page later raises :class:`StoreError` (one line), not SQLite's error.
 
 One owner: a search drives its runs as the database's owner (:meth:`Store.acquire_owner`): an OS file lock
-(flock) on ``<path>.lock``, which names the owner's pid and host for the refusal a second search gets, and is
-removed when the owner lets go. The kernel drops the lock when the owner dies, even by kill -9, so a resume is
-never blocked by a dead owner (its file, left behind, is taken over). Read-only
-Stores (dashboards, reports) need no lock and may look while the owner writes.
+(flock) on ``<real path>.lock``, next to the file the path leads to (symlinks resolved), so every path to one
+file -- a symlink, a relative path, another mount of the folder -- meets the same lock. The lock file names the
+owner's pid and host for the refusal a second search gets, and is removed when the owner lets go. The kernel drops
+the lock when the owner dies, even by kill -9, so a resume is never blocked by a dead owner (its file, left
+behind, is taken over). Read-only Stores (dashboards, reports) need no lock and may look while the owner writes.
+
+One name: SQLite keeps its journal (``-wal``, ``-shm``) beside the name a file was opened by, so two writers
+through two hard links of one file write two journals and corrupt it. A file with more than one hard link is
+refused for writing, with one line, before any connection opens it.
 
 Threads: one connection guarded by a re-entrant lock, so one writer thread and any number of reader threads may
 share a ``Store``; :meth:`Store.transaction` groups writes into one commit. Other processes (a CLI looking at a
@@ -511,7 +516,7 @@ def _inspect(path: Path, *, pages: bool) -> None:
     if head != _SQLITE_MAGIC:
         raise StoreError(f"store {path} cannot be opened as SQLite (it is not a SQLite file); "
                          "is it a cuco database?")
-    wal = Path(f"{path}-wal")
+    wal = Path(f"{os.path.realpath(path)}-wal")  # SQLite keeps it beside the file a symlink leads to
     try:
         try:
             _read_version(path, immutable=not wal.exists(), pages=pages)
@@ -540,6 +545,25 @@ def _switch_to_wal(conn: sqlite3.Connection, *, wait_s: float = 30.0) -> None:
             time.sleep(0.01)
 
 
+def owner_lock_path(path: str | Path) -> Path:
+    """The owner lock of the database at ``path``: ``<real path>.lock``, the same file for every path that leads
+    to the database (symlinks resolved; through another mount of its folder it is the same folder)."""
+    return Path(f"{os.path.realpath(path)}.lock")
+
+
+def _refuse_hard_links(path: Path) -> None:
+    """StoreError unless ``path`` is the file's only name: SQLite keeps a journal beside each name, so writers
+    through two names of one file write two journals and corrupt it."""
+    try:
+        links = os.stat(path).st_nlink
+    except OSError as e:
+        raise StoreError(f"store {path} cannot be read ({e.strerror}); point --db at a readable file") from None
+    if links > 1:
+        raise StoreError(f"store {path} is one of {links} names (hard links) of one file; SQLite keeps a journal "
+                         "beside each name, so writing through two names corrupts it: keep one name (remove the "
+                         "other links, or copy the file) and open that")
+
+
 def _same_file(fd: int, path: Path) -> bool:
     """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
     try:
@@ -561,8 +585,11 @@ def _owner_of(lock: Path, path: str) -> str:
            else f"pid {pid} on host {host}, running a {what}")
     since = info.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    return (f"store {path} is in use by {who} since {when}; one search at a time per database: wait for it to end "
-            "or stop it, or look at it read-only (Store(path, readonly=True), or a notebook dashboard)")
+    owner_path = info.get("path")
+    via = (f" (opened as {owner_path})" if isinstance(owner_path, str) and owner_path != os.path.abspath(path)
+           else "")
+    return (f"store {path} is in use{via} by {who} since {when}; one search at a time per database: wait for it to "
+            "end or stop it, or look at it read-only (Store(path, readonly=True), or a notebook dashboard)")
 
 
 class Store:
@@ -584,6 +611,8 @@ class Store:
             if not readonly and not p.parent.exists():
                 raise BadInput(f"folder {p.parent} for store {self.path} does not exist; create it first")
             if p.is_file():
+                if not readonly:
+                    _refuse_hard_links(p)
                 # Before any connection: switching a refused file to WAL would already have changed it.
                 _inspect(p, pages=not readonly)
         try:
@@ -712,7 +741,8 @@ class Store:
 
     def acquire_owner(self, what: str = "search") -> None:
         """Make this Store the database's owner -- the one search driving runs in it -- until
-        :meth:`release_owner` (or ``close()``). The lock is an OS file lock (flock) on ``<path>.lock``, so the
+        :meth:`release_owner` (or ``close()``). The lock is an OS file lock (flock) on ``<real path>.lock``
+        (:func:`owner_lock_path`: one lock whatever path led to the file), so the
         kernel drops it when the owning process dies, even by kill -9; the file names the owner (pid, host,
         since). Raises :class:`StoreError` naming the owner when another process, or another Store of this one,
         holds it. Read-only Stores never need it."""
@@ -725,6 +755,7 @@ class Store:
             if self.path == ":memory:":
                 self._owner_fd = -1  # private to this Store: nobody else can write it
                 return
+            _refuse_hard_links(Path(self.path))  # a link made since this Store opened the file
             lock = self._lock_path()
             while True:
                 try:
@@ -736,7 +767,7 @@ class Store:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     if _same_file(fd, lock):
                         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                                "what": what}
+                                "what": what, "path": os.path.abspath(self.path)}
                         os.ftruncate(fd, 0)
                         os.pwrite(fd, json.dumps(info).encode("utf-8"), 0)
                         break
@@ -761,7 +792,7 @@ class Store:
             os.close(fd)
 
     def _lock_path(self) -> Path:
-        return Path(self.path + ".lock")
+        return owner_lock_path(self.path)
 
     def _one(self, table: str, row_id: int, what: str) -> sqlite3.Row:
         rows = self._rows(f"SELECT * FROM {table} WHERE id = ?", (row_id,))

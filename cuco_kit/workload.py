@@ -7,10 +7,12 @@ tolerance. Nothing here imports CUDA-only packages at module load, so workloads 
 """
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib.util
 import math
 import re
+import threading
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,10 @@ TIMINGS = ("device", "end_to_end")
 Oracle = Literal["reference", "seed"]
 ORACLES: tuple[str, ...] = ("reference", "seed")
 ORACLE_LABELS = {"reference": "the torch reference", "seed": "the seed's outputs (differential)"}
+
+# workload.py runs in the process that loads it: one that has not finished after this long (a loop, or a wait that
+# never ends, at module level) is refused rather than hanging the command. Generous: a module may import torch.
+LOAD_TIMEOUT_S = 60.0
 
 # Sizes of the dtypes the ABI knows (cuco_dtype_t in cuco_abi.h, same order).
 DTYPES: dict[str, tuple[int, int]] = {  # name -> (cuco_dtype_t, bytes per element)
@@ -172,7 +178,11 @@ class Workload:
 
 
 def load_workload(directory: str | Path) -> Workload:
-    """Import ``<directory>/workload.py`` and return its ``WORKLOAD``."""
+    """Import ``<directory>/workload.py`` and return its ``WORKLOAD``.
+
+    workload.py is trusted code: it runs here, in the calling process, with its environment (docs/architecture.md,
+    the trust boundary). What is bounded is how it fails: whatever it raises -- ``SystemExit`` included -- and a
+    module that does not finish within ``LOAD_TIMEOUT_S`` are one BadInput line; a KeyboardInterrupt stays one."""
     d = Path(directory)
     f = d / "workload.py"
     if not f.is_file():
@@ -180,11 +190,18 @@ def load_workload(directory: str | Path) -> Workload:
     spec = importlib.util.spec_from_file_location(f"cuco_workload_{d.name}", f)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except SyntaxError as exc:  # also a file that is not UTF-8 text
+    loader = spec.loader
+    exc = _run_bounded(lambda: loader.exec_module(module), LOAD_TIMEOUT_S,
+                       f"{f}: did not finish loading within {LOAD_TIMEOUT_S:g} s (a loop or a wait at module level?); "
+                       "fix the file")
+    if isinstance(exc, KeyboardInterrupt):
+        raise exc
+    if isinstance(exc, SyntaxError):  # also a file that is not UTF-8 text
         raise BadInput(f"{f}: cannot be loaded: line {exc.lineno}: {exc.msg}; fix the file") from None
-    except Exception as exc:  # noqa: BLE001 -- whatever the module raises is the workload's error, not ours
+    if isinstance(exc, SystemExit):
+        raise BadInput(f"{f}: cannot be loaded: {_where(exc, f)}it called sys.exit({exc.code!r}); a workload.py "
+                       "defines WORKLOAD and must not exit; fix the file") from None
+    if exc is not None:  # whatever the module raises is the workload's error, not ours
         raise BadInput(f"{f}: cannot be loaded: {_where(exc, f)}{type(exc).__name__}: {exc}; fix the file") \
             from None
     wl = getattr(module, "WORKLOAD", None)
@@ -192,6 +209,35 @@ def load_workload(directory: str | Path) -> Workload:
         raise BadInput(f"{f}: defines no WORKLOAD = Workload(...)")
     wl.directory = d.resolve()
     return wl
+
+
+class _Abandoned(BaseException):
+    """Raised inside a load that ran out of time, so the code left running there stops at its next step."""
+
+
+def _run_bounded(body: Callable[[], object], timeout_s: float, too_long: str) -> BaseException | None:
+    """Run ``body`` in a helper thread and return what it raised (None when it returned), waiting at most
+    ``timeout_s``: a thread can be waited for with a limit from any thread, a notebook's included, where a signal
+    cannot. When the time is up the body is abandoned -- :class:`_Abandoned` is raised inside it, which ends a loop
+    of Python code at once and a blocking call when it returns -- and BadInput(``too_long``) is raised here."""
+    raised: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            body()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller, whatever it is
+            raised.append(exc)
+
+    thread = threading.Thread(target=target, name="cuco-load-workload", daemon=True)
+    thread.start()
+    try:
+        thread.join(timeout_s)
+    finally:  # also when the caller is interrupted while it waits
+        if thread.is_alive() and thread.ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Abandoned))
+    if thread.is_alive():
+        raise BadInput(too_long)
+    return raised[0] if raised else None
 
 
 def workload_fingerprint(directory: str | Path) -> str:

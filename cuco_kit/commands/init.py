@@ -25,10 +25,12 @@ from cuco_kit.commands.llm_options import (
     check_llm_reachable,
     llm_config,
 )
+from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import ImportPlan, check_plan
 from cuco_kit.importer.session import ImportSession
 from cuco_kit.importer.workload_writer import PLAN_FILE
 from cuco_kit.llm import Ledger, LedgeredClient, OpenAICompatibleClient
+from cuco_kit.source_file import MAX_JSON_BYTES, read_text
 from cuco_kit.terminal import clean, one_line
 
 HELP = "import a host-driven CUDA + NCCL program as a workload folder"
@@ -67,10 +69,31 @@ def plan_summary(plan: ImportPlan) -> str:
     return clean("\n".join(lines))
 
 
+def _check_folder(d: Path) -> None:
+    """BadInput unless ``d`` is a folder or can become one: it, or the nearest part of its path that exists, is
+    a folder."""
+    for existing in (d, *d.parents):
+        if existing.exists():
+            if not existing.is_dir():
+                where = "is" if existing == d else f"lies under {existing}, which is"
+                raise BadInput(f"--workload {d}: {where} a file, not a folder; name a new folder or a workload "
+                               "folder")
+            return
+
+
+def _load_plan(path: Path, what: str) -> ImportPlan:
+    text = read_text(path, what, kind="a JSON import plan", max_bytes=MAX_JSON_BYTES)
+    try:
+        return ImportPlan.from_json(text, f"{what} {path}")
+    except RecursionError:
+        raise BadInput(f"{what} {path}: nested too deeply to be an import plan") from None
+
+
 def run(args: argparse.Namespace) -> int:
     d = Path(args.workload)
+    _check_folder(d)
     plan_path = Path(args.plan) if args.plan else (d / PLAN_FILE if (d / PLAN_FILE).is_file() else None)
-    plan = ImportPlan.load(plan_path) if plan_path is not None else None
+    plan = _load_plan(plan_path, "--plan" if args.plan else "plan") if plan_path is not None else None
     llm = None
     if args.llm and not args.plan_only:
         # checked before anything is written: a missing server costs nothing
@@ -85,19 +108,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"using the plan in {plan_path}")
     print(plan_summary(session.plan))
     problems = check_plan(session.plan, session.code)
-    if args.plan_only or problems:
-        if plan_path != d / PLAN_FILE:
-            d.mkdir(parents=True, exist_ok=True)
-            print(f"wrote {session.plan.save(d / PLAN_FILE)}")
-        for p in problems:
-            print(f"cuco init: {one_line(p)}", file=sys.stderr)
-        if problems:
-            print(f"cuco init: {len(problems)} problem(s) in the plan: correct {d / PLAN_FILE}, then run cuco init "
-                  f"{args.program} --workload {d} again", file=sys.stderr)
-            return 2
-        print(f"correct it if needed, then run: cuco init {args.program} --workload {d}")
-        return 0
-    session.write(overwrite=args.force)
+    try:
+        if args.plan_only or problems:
+            if plan_path != d / PLAN_FILE:
+                d.mkdir(parents=True, exist_ok=True)
+                print(f"wrote {session.plan.save(d / PLAN_FILE)}")
+            for p in problems:
+                print(f"cuco init: {one_line(p)}", file=sys.stderr)
+            if problems:
+                print(f"cuco init: {len(problems)} problem(s) in the plan: correct {d / PLAN_FILE}, then run cuco "
+                      f"init {args.program} --workload {d} again", file=sys.stderr)
+                return 2
+            print(f"correct it if needed, then run: cuco init {args.program} --workload {d}")
+            return 0
+        session.write(overwrite=args.force)
+    except OSError as exc:
+        raise BadInput(f"--workload {d}: cannot write the workload folder ({exc.strerror or exc})") from None
     print(f"wrote {d}: {PLAN_FILE}, original.cu, seed_nccl.cu, workload.py")
     if llm is None:
         print(f"next: write the torch reference where workload.py says TODO(cuco init), then: cuco check-workload "

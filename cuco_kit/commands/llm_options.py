@@ -27,6 +27,9 @@ LLM_HINT = ("point cuco at an OpenAI-compatible server: export OPENAI_BASE_URL=h
 DEFAULT_BUDGET_DOLLARS = DEFAULT_LLM_DOLLARS
 MAX_RETRIES = 20
 MAX_TIMEOUT_S = 3600.0
+# Budgets far above what a search spends (the paper's bound is $10 a workload): a larger one is a typo.
+MAX_BUDGET_DOLLARS = 10_000.0
+MAX_TOKEN_BUDGET = 10**10
 PROBE_TIMEOUT_S = 10.0  # the reachability check waits at most this long (or --llm-timeout, when shorter)
 BREAKER_FAILURES = 3  # consecutive unanswered calls after which a search stops asking the LLM
 
@@ -56,10 +59,12 @@ def check_llm_arguments(args: argparse.Namespace) -> None:
         raise BadInput(f"--llm-timeout {t:g}: must be more than 0 and at most {MAX_TIMEOUT_S:g} seconds")
     if not 0 <= args.llm_retries <= MAX_RETRIES:
         raise BadInput(f"--llm-retries {args.llm_retries}: must be between 0 and {MAX_RETRIES}")
-    if not (math.isfinite(args.llm_budget) and args.llm_budget > 0):
-        raise BadInput(f"--llm-budget {args.llm_budget:g}: must be a positive number of dollars")
-    if args.llm_token_budget <= 0:
-        raise BadInput(f"--llm-token-budget {args.llm_token_budget}: must be a positive number of tokens")
+    if not (math.isfinite(args.llm_budget) and 0 < args.llm_budget <= MAX_BUDGET_DOLLARS):
+        raise BadInput(f"--llm-budget {args.llm_budget:g}: must be more than 0 and at most {MAX_BUDGET_DOLLARS:g} "
+                       "dollars")
+    if not 0 < args.llm_token_budget <= MAX_TOKEN_BUDGET:
+        raise BadInput(f"--llm-token-budget {args.llm_token_budget}: must be more than 0 and at most "
+                       f"{MAX_TOKEN_BUDGET} tokens")
 
 
 def llm_config(args: argparse.Namespace, model: str | None = None) -> LLMConfig:

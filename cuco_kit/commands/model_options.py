@@ -16,6 +16,7 @@ from pathlib import Path
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.models import ModelsConfig, ModelSpec
+from cuco_kit.source_file import MAX_JSON_BYTES, read_text
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,17 +33,18 @@ def models_from_args(args: argparse.Namespace) -> ModelsConfig:
     """The ModelsConfig the flags give (empty: the one model of $CUCO_MODEL). BadInput for a bad file."""
     models = ModelsConfig()
     if args.models is not None:
+        text = read_text(args.models, "--models", kind="a JSON models file", max_bytes=MAX_JSON_BYTES)
         try:
-            raw = json.loads(args.models.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise BadInput(f"--models {args.models}: cannot read it ({exc.strerror})") from None
+            raw = json.loads(text)
         except json.JSONDecodeError as exc:
             raise BadInput(f"--models {args.models}: not JSON ({exc.msg} at line {exc.lineno})") from None
+        except RecursionError:
+            raise BadInput(f"--models {args.models}: nested too deeply to be a models file") from None
         if not isinstance(raw, dict):
             raise BadInput(f"--models {args.models}: must hold a JSON object with a 'mutation' list")
         try:
-            models = ModelsConfig.from_dict(raw)
-        except (TypeError, ValueError) as exc:
+            models = ModelsConfig.from_dict(raw, strict=True)
+        except (BadInput, TypeError, ValueError) as exc:
             raise BadInput(f"--models {args.models}: {exc}") from None
     if args.mutation_model:
         known = {m.name for m in models.mutation}

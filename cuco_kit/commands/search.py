@@ -2,10 +2,11 @@
 
 On a terminal, a progress bar on stderr counts generations, evaluations and the best speed-up so far. Every flag,
 the workload, its baseline and seed, the evaluator and (with an LLM mutator) the LLM server are checked before the
-search starts: bad input is one line and exit code 2. The LLM dollar budget is per run (--llm-budget, default
-$10; a resumed run counts what it spent before) and the run stops cleanly when it is spent; a
-search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying so. Names and
-reasons from the LLM and the candidates are printed cleaned of control characters.
+search starts: bad input is one line and exit code 2. The search ends after --generations (at most 10000), or
+earlier when it has nothing new to propose ("design space exhausted" for the offline mutator). The LLM dollar
+budget is per run (--llm-budget, default $10; a resumed run counts what it spent before) and the run stops cleanly
+when it is spent; a search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying
+so. Names and reasons from the LLM and the candidates are printed cleaned of control characters.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from cuco_kit import markers
 from cuco_kit.commands.executor_options import (
     add_executor_arguments,
     check_executor_arguments,
@@ -48,7 +50,7 @@ from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
-from cuco_kit.search.start_point import start_from
+from cuco_kit.search.start_point import FROM_HINT, read_baseline, read_start, start_from
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean, one_line
@@ -56,6 +58,10 @@ from cuco_kit.workbench import recorded_runs
 from cuco_kit.workload import MAX_RANKS, Workload, load_workload, parse_overrides
 
 HELP = "evolutionary search over a workload"
+# Far beyond any search we run (a few hundred generations at most); a larger number is a typo. A search whose
+# sources have nothing new to propose ends before its generations anyway ("design space exhausted").
+MAX_GENERATIONS = 10_000
+MAX_SEED = 2**32 - 1  # what every seeded generator the search uses accepts (numpy's included)
 NO_GPU_HINT = ("use --evaluator simulated (a synthetic landscape, numbers badged SIMULATED) or --evaluator replay "
                "(real measurements recorded on a GPU machine)")
 
@@ -81,8 +87,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
-    if args.generations < 0:
-        raise BadInput(f"--generations {args.generations}: must be >= 0")
+    if not 0 <= args.generations <= MAX_GENERATIONS:
+        raise BadInput(f"--generations {args.generations}: must be between 0 and {MAX_GENERATIONS}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise BadInput(f"--seed {args.seed}: must be between 0 and {MAX_SEED}")
     if not 1 <= args.ranks <= MAX_RANKS:
         raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
     check_llm_arguments(args)
@@ -90,16 +98,18 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 
 def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
-    """The workload's sizes (with --size) suit --ranks, and the files the search starts from are readable source
-    text. Returns the --size overrides."""
+    """The workload's sizes (with --size) suit --ranks, the baseline is checked like a --from file (markers,
+    blocks, knob block; with the offline mutator it needs knobs) and the seed is readable source text. Returns
+    the --size overrides."""
     params = parse_overrides(args.size)
     wl.check(params, args.ranks)
     if getattr(args, "from_result", None):
-        return params  # start_from() checks the result file
-    if not wl.baseline:
-        raise BadInput(f"workload {wl.name}: no baseline (the device-initiated program with the knob block) to start "
-                       "the search from; set Workload.baseline")
-    read_source(wl.path(wl.baseline), f"workload {wl.name}: baseline")
+        read_start(args.from_result, "--from", FROM_HINT)  # now, before --db exists; start_from reads it again
+    else:
+        start = read_baseline(wl)
+        if args.mutator == "offline" and not markers.knobs(start):
+            raise BadInput(f"workload {wl.name}: baseline {wl.baseline} has no knob block, and the offline search "
+                           "only moves knobs; add one (docs/contracts.md) or use --mutator llm")
     if args.backend in wl.seeds:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
     return params
@@ -128,7 +138,11 @@ def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, wl: Workload,
     if args.evaluator == "simulated":
         return EvaluatorSpec("simulated", {"seed": args.seed})
     if args.evaluator == "replay":
-        explicit = [c for c in (os.environ.get("CUCO_REPLAY_DB"), workload_dir / "replay.db") if c]
+        named = os.environ.get("CUCO_REPLAY_DB")
+        if named and not Path(named).is_file():
+            raise BadInput(f"--evaluator replay: CUCO_REPLAY_DB={named}: no such file; point it at a recording, or "
+                           "unset it to use the recordings found by name")
+        explicit = [c for c in (named, workload_dir / "replay.db") if c]
         for c in explicit:
             if Path(c).is_file():
                 return EvaluatorSpec("replay", {"path": str(c)})
@@ -227,12 +241,17 @@ def run(args: argparse.Namespace) -> int:
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
     models = models_from_args(args)
-    store = Store(db)
+    executor = make_executor(args, spec, str(workload_dir))
+    evaluator = executor or spec.make()  # a replay recording that is no store is refused here, before --db exists
     try:
-        start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
-    except BadInput:
-        store.close()
+        store = Store(db)
+    except BaseException:
+        if executor is not None:
+            executor.shutdown(wait=True)
+        elif callable(close := getattr(evaluator, "close", None)):
+            close()
         raise
+    start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models)
@@ -244,13 +263,8 @@ def run(args: argparse.Namespace) -> int:
     events.subscribe(_printer(args.json))
     events.subscribe(slot_printer(sys.stderr if args.json else sys.stdout))
     breakers: list[LLMBreaker] = []
-    try:
-        executor = make_executor(args, spec, str(workload_dir))
-    except BadInput:
-        store.close()
-        raise
-    engine = SearchEngine(workload_dir, store, executor or spec.make(), _sources(args.mutator, llm, models, breakers),
-                          config, events, executor=executor, start=start)
+    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator, llm, models, breakers), config, events,
+                          executor=executor, start=start)
     for breaker in breakers:
         breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,

@@ -9,8 +9,10 @@ The budget is hard: before a call is sent, the ledger RESERVES its worst case (a
 tokens, from the messages' bytes, plus the completion's `max_tokens`, at the asked model's price) and refuses
 the call when the reservation does not fit next to what is spent and what calls in flight have reserved. When
 the call ends, its reservation is released and its real cost counted. So concurrent calls cannot together
-overshoot, and the total stays within the budget as long as the server bills no more than it was allowed
-(a server that reports more tokens than `max_tokens` is counted as it reported, with a warning). A call to a
+overshoot. A server that reports more than a call was allowed (more completion tokens than `max_tokens`, more
+prompt tokens than the prompt's bytes) is not believed and not followed: the call is counted at its reservation
+(tokens and dollars clamped to what it allowed; the reported figures go into the call's error column), and the
+ledger sends no further call, so the total never passes the budget. A call to a
 priced model with no `max_tokens` (and none configured) is sent with `DEFAULT_MAX_TOKENS`: without a cap a call
 has no worst case.
 
@@ -92,6 +94,7 @@ class Reservation:
     prompt_tokens: int  # upper bound
     max_tokens: int
     dollars: float  # worst-case dollars (0 when the price is unknown)
+    capped: bool = True  # max_tokens was sent with the call (a server may be held to it)
 
     @property
     def tokens(self) -> int:
@@ -154,6 +157,7 @@ class Ledger:
         self._reserved_dollars = 0.0
         self._reserved_tokens = 0
         self._entries: list[LedgerEntry] = []
+        self._overbilled = ""  # why no further call is sent: a server reported more than a call allowed
         self._lock = threading.Lock()
 
     # -- reading --------------------------------------------------------------------------------------------
@@ -196,6 +200,8 @@ class Ledger:
     def exhausted(self, model: str) -> str | None:
         """Why no call to `model` can be sent at all now (one line), or None while there is budget left."""
         with self._lock:
+            if self._overbilled:
+                return self._overbilled
             if self.budget_dollars is not None and self._spent >= self.budget_dollars:
                 return (f"the LLM budget is spent: ${self._spent:.4f} of ${self.budget_dollars:.4f} (the budget "
                         "counts every call in the database); raise the LLM dollar budget to continue")
@@ -207,13 +213,15 @@ class Ledger:
         return None
 
     # -- writing --------------------------------------------------------------------------------------------
-    def reserve(self, model: str, messages: list[dict], max_tokens: int, purpose: str) -> Reservation:
+    def reserve(self, model: str, messages: list[dict], max_tokens: int, purpose: str, *,
+                capped: bool = True) -> Reservation:
         """Hold the worst case of a call to `model` against the budget, or raise LLMBudgetExceeded (nothing is
-        held then). Every reservation must be settled by `record(..., reservation=r)`."""
+        held then). ``capped``: the call is sent with ``max_tokens`` (else it is only reserved as if it were).
+        Every reservation must be settled by `record(..., reservation=r)`."""
         price = _prices.lookup(model, self.prices)
         bound = prompt_tokens_bound(messages)
         worst = 0.0 if price is None else (bound * price[0] + max_tokens * price[1]) / 1e6
-        r = Reservation(model, price, bound, max_tokens, worst)
+        r = Reservation(model, price, bound, max_tokens, worst, capped)
         with self._lock:
             why = self._refusal(r, purpose)
             if why is not None:
@@ -223,6 +231,8 @@ class Ledger:
         return r
 
     def _refusal(self, r: Reservation, purpose: str) -> str | None:
+        if self._overbilled:
+            return self._overbilled
         if self.budget_dollars is not None:
             held = self._spent + self._reserved_dollars
             if self._spent >= self.budget_dollars or held + r.dollars > self.budget_dollars:
@@ -262,17 +272,27 @@ class Ledger:
             # The server named its model differently (a dated snapshot, a local alias): the price of the model
             # that was asked for is what this call costs.
             dollars = (prompt_tokens * reservation.price[0] + completion_tokens * reservation.price[1]) / 1e6
+        over = _overbilled(reservation, prompt_tokens, completion_tokens, dollars) if reservation else ""
+        if reservation is not None and over:
+            # Not believed: counted at what the call was allowed, and no further call goes to such a server.
+            prompt_tokens = min(prompt_tokens or 0, reservation.prompt_tokens)
+            if reservation.capped:
+                completion_tokens = min(completion_tokens or 0, reservation.max_tokens)
+            if dollars is not None and reservation.price is not None:
+                dollars = min(dollars, reservation.dollars)
+            error = f"{error}; {over}" if error else over
+            log.warning("LLM call '%s': %s", purpose, over)
         unpriced_tokens = (prompt_tokens or 0) + (completion_tokens or 0) if dollars is None else 0
-        if reservation is not None and (dollars or 0.0) > reservation.dollars + 1e-12 and reservation.price:
-            log.warning("LLM call '%s' cost $%.4f, more than its worst case $%.4f: the server reported more tokens "
-                        "(%s + %s) than the call allowed; the budget cannot bound such a server", purpose, dollars,
-                        reservation.dollars, prompt_tokens, completion_tokens)
         entry = LedgerEntry(purpose=purpose, model=model, prompt_tokens=prompt_tokens,
                             completion_tokens=completion_tokens, latency_s=latency_s, dollars=dollars, ok=ok,
                             error=error, request_hash=request_hash, at=time.time())
         with self._lock:
             if reservation is not None:
                 self._release(reservation)
+            if over and not self._overbilled:
+                self._overbilled = (f"LLM budget: the server reported more than call '{purpose}' allowed ({over}); "
+                                    "what it bills cannot be bounded, so no further LLM call is sent (check the "
+                                    "server's max_tokens handling, then run again)")
             self._entries.append(entry)
             if dollars:
                 self._spent += dollars
@@ -289,6 +309,21 @@ class Ledger:
 
     def wrap(self, inner: LLMClient) -> LedgeredClient:
         return LedgeredClient(inner, self)
+
+
+def _overbilled(r: Reservation, prompt_tokens: int | None, completion_tokens: int | None,
+                dollars: float | None) -> str:
+    """What a call's reported usage claims beyond its reservation ("" when nothing): the reported figures, and
+    what the ledger counts instead."""
+    # An uncapped call (a local model of unknown price) may answer at any length: only its prompt is bounded.
+    over_tokens = (prompt_tokens or 0) > r.prompt_tokens or (r.capped and (completion_tokens or 0) > r.max_tokens)
+    over_dollars = dollars is not None and r.price is not None and dollars > r.dollars + 1e-12
+    if not (over_tokens or over_dollars):
+        return ""
+    cost = f", ${dollars:.4f}" if dollars is not None else ""
+    worst = f", ${r.dollars:.4f}" if r.price is not None else ""
+    return (f"reported {prompt_tokens} prompt + {completion_tokens} completion tokens{cost}, more than the "
+            f"{r.prompt_tokens} + {r.max_tokens}{worst} it allowed; counted as allowed")
 
 
 def _config_value(client: Any, name: str) -> Any:
@@ -317,7 +352,8 @@ class LedgeredClient:
         if cap is None and _prices.lookup(model, self.ledger.prices) is not None:
             cap = DEFAULT_MAX_TOKENS  # a paid call needs a worst case; a local server keeps its own default
         try:
-            reservation = self.ledger.reserve(model, messages, int(cap or DEFAULT_MAX_TOKENS), purpose)
+            reservation = self.ledger.reserve(model, messages, int(cap or DEFAULT_MAX_TOKENS), purpose,
+                                              capped=cap is not None)
         except LLMBudgetExceeded as exc:
             self.ledger.record(purpose=purpose, model=model, prompt_tokens=None, completion_tokens=None,
                                latency_s=0.0, dollars=0.0, ok=False, error=f"refused: {exc}", request_hash=rh)

@@ -27,6 +27,9 @@ class SearchConfig:
     slots: int = 1  # evaluations at once (GPUs, or concurrent evaluations the evaluator takes)
     gate: str = "auto"  # "auto" | "manual"
     max_pending: int = 8  # manual gate: stop proposing while this many wait for a decision
+    # A search ends when this many generations in a row bring nothing new (LLM answers that repeat the run, or
+    # none); a generation of design-space slots only that finds no untried knob setting ends it at once.
+    max_empty_generations: int = 3
     inspirations: int = 3
     failures_in_prompt: int = 3
     cell_features: list[str] = field(default_factory=lambda: list(DEFAULT_FEATURES))
@@ -45,8 +48,8 @@ class SearchConfig:
             raise BadInput(f"backend {self.backend!r} is not one of nccl, symm")
         if self.world_size < 1:
             raise BadInput(f"world_size must be >= 1, got {self.world_size}")
-        if self.proposals_per_generation < 1 or self.slots < 1:
-            raise BadInput("proposals_per_generation and slots must be >= 1")
+        if self.proposals_per_generation < 1 or self.slots < 1 or self.max_empty_generations < 1:
+            raise BadInput("proposals_per_generation, slots and max_empty_generations must be >= 1")
         if self.gate not in ("auto", "manual"):
             raise BadInput(f"gate {self.gate!r} is not one of auto, manual")
 

@@ -19,7 +19,10 @@ compared against at equal evaluation budget (benchmarks/search).
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import math
+import random
 import warnings
 import zlib
 from collections.abc import Callable
@@ -44,7 +47,10 @@ class DesignSpaceConfig:
     sampler: str = "auto"  # "auto" | "gp" | "tpe" | "random"
     gp_max_evaluations: int = 60  # "auto" uses GP (one at a time) up to this many evaluated programs in the run
     n_startup_trials: int = 4  # sampler's random start before modelling
-    max_asks: int = 30  # asks per proposal before giving up on finding an unseen combination
+    max_asks: int = 30  # asks per proposal before the sampler is given up for this proposal
+    # A space of at most this many points is walked point by point when the sampler finds nothing untried, so
+    # "no proposal" means every point is tried (the search then ends: "design space exhausted").
+    enumerable_points: int = 4096
     failed_value: float = 0.0  # value told for a failed combination (speed-up 0)
 
 
@@ -208,6 +214,22 @@ class DesignSpaceSource:
             seen[k] = None  # pending: constant_liar treats it as running
             existing.add(code)
             out.append(self._proposal(ctx, parent, parent_values, values, code, len(lineage), trial.number))
+        if not out and math.prod(len(k.allowed) for k in knobs) <= self.config.enumerable_points:
+            # The sampler found nothing untried: walk the untried points (in a seeded order), so that an empty
+            # answer means the space is spent (the engine then ends the search).
+            points = [dict(zip(allowed, combo)) for combo in itertools.product(*allowed.values())]
+            random.Random(seed).shuffle(points)
+            for values in points:
+                if len(out) == ctx.n:
+                    break
+                if key(values) in seen or (self.is_valid is not None and not self.is_valid(values)):
+                    continue
+                code = self._apply(parent.code, knobs, values)
+                if code is None or code in existing:
+                    continue
+                seen[key(values)] = None
+                existing.add(code)
+                out.append(self._proposal(ctx, parent, parent_values, values, code, len(lineage), None))
         return out
 
     def _tell(self, study: Any, trial: Any, program: ProgramView | None, known_bad: set, k: tuple) -> None:
@@ -237,19 +259,24 @@ class DesignSpaceSource:
             return None
 
     def _proposal(self, ctx: ProposalContext, parent: ProgramView, old: dict[str, str], new: dict[str, str],
-                  code: str, lineage: int, trial_no: int) -> Proposal:
+                  code: str, lineage: int, trial_no: int | None) -> Proposal:
+        """A proposal of the point ``new``; ``trial_no`` None: an untried point taken when the sampler had none."""
         changed = [n for n in new if new[n] != old[n]]
         name = "knobs: " + ", ".join(f"{n} {old[n]}->{new[n]}" for n in changed)
         structural = [n for n in changed if any(w in n.lower() for w in _STRUCTURAL_WORDS)]
         tags = ["design_space"] + (["placement"] if structural else []) + [f"knob:{n}" for n in changed]
         plain = markers.plain_knob
         moves = ", ".join(f"{plain(n)} {plain(old[n])} -> {plain(new[n])}" for n in changed)
-        rationale = (f"Try {moves} on program #{parent.id}: the {_SAMPLER_WORDS.get(self.last_sampler, 'sampler')} "
-                     f"picked this point of the knob block after {lineage} measured sibling(s) "
-                     f"({self.last_sampler}, trial {trial_no}).")
+        picked = (f"the {_SAMPLER_WORDS.get(self.last_sampler, 'sampler')} picked this point of the knob block "
+                  f"after {lineage} measured sibling(s) ({self.last_sampler}, trial {trial_no})"
+                  if trial_no is not None else
+                  f"an untried point of the knob block: the {self.last_sampler} kept asking for tried ones after "
+                  f"{lineage} measured sibling(s)")
+        rationale = f"Try {moves} on program #{parent.id}: {picked}."
+        sampler = self.last_sampler if trial_no is not None else "untried point"
         return Proposal(name=name[:120], rationale=rationale, diff=unified_diff(parent.code, code), tags=tags,
                         source="design_space", parent_id=parent.id, code=code,
-                        meta={"sampler": self.last_sampler, "trial": trial_no, "params": new})
+                        meta={"sampler": sampler, "trial": trial_no, "params": new})
 
 
 _SAMPLER_WORDS = {"GPSampler": "Gaussian-process model of the measured points",

@@ -7,14 +7,23 @@ spreads them). Proposals are de-duplicated by code hash, filtered for novelty, s
 approval gate; approved ones become programs (stored before any is evaluated), then the executor evaluates
 them, and the generation ends with migration, phase switching and, now and then, the meta-summary.
 
+When a search ends: a budget is spent (generations, wall time, evaluations, LLM dollars), ``stop()`` is called, or
+it has nothing new to propose. A round of design-space slots only that finds no knob setting the run has not tried
+ends it at once ("design space exhausted": for a space of up to ``DesignSpaceConfig.enumerable_points`` points the
+source walks the untried points when its sampler finds none, so it answers nothing only when none is left); rounds
+with LLM slots end it after ``SearchConfig.max_empty_generations`` in a row brought nothing new. A person's
+decision or edit that adds a program lifts either (its children may be new); proposals waiting for a person keep
+the search waiting.
+
 Reproducibility: each round draws from ``Random(f"{seed}/{generation}")`` and sees only results committed in
 earlier rounds, so with a deterministic evaluator (simulated or replayed) the same seed gives the same programs,
 in the same order, even across any number of kills and resumes.
 
 One owner: a search owns its database (``Store.acquire_owner``, an OS file lock the kernel drops when the
 process dies) from set-up until ``run()`` returns, before it reads anything to resume from. A second search on
-the same file, in another process or this one, is refused with the owner's pid and host; read-only Stores
-(dashboards) may look at any time.
+the same file -- by any path to it, in another process or this one -- is refused with the owner's pid and host
+(a file with a second hard link is refused for writing at all); read-only Stores (dashboards) may look at any
+time.
 
 Resume (also after kill -9): the store is the record. In-flight evaluations are marked interrupted
 (``store.mark_interrupted``) and their programs evaluated again (the new request carries ``rerun_of``); programs
@@ -62,7 +71,7 @@ from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import LINEAGE_TAG, Population, ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
 from cuco_kit.search.selection import SelectionConfig, select_parent
-from cuco_kit.search.start_point import StartPoint, add_lineage
+from cuco_kit.search.start_point import StartPoint, add_lineage, read_baseline
 from cuco_kit.store import Store, code_hash
 from cuco_kit.workload import load_workload
 
@@ -150,12 +159,15 @@ class SearchEngine:
         self._running.set()
         self._thread: threading.Thread | None = None
         self._setup_done = False
+        self._baseline_code = ""  # the baseline root's code, read and checked at set-up
         self._owner = False  # this engine holds the store's owner lock
         self._gen_done = 0
         self._migrations: list[dict] = []
         self._meta_summary = ""
         self._wall_before = 0.0
         self._llm_out = False
+        self._empty_rounds = 0  # rounds in a row that proposed nothing new
+        self._nothing_new = ""  # why the search ends for want of anything new to propose ("" while it has some)
         self._proposal_info: dict[int, tuple[int, int]] = {}  # waiting proposal id -> (generation, island)
         self._admitted = 0  # the last generation whose proposals are stored
         self._ready: list[int] = []  # program ids approved and stored, waiting for evaluation
@@ -266,9 +278,8 @@ class SearchEngine:
             return
         cfg = self.config
         self.workload = load_workload(self.workload_dir)
-        if not self.workload.baseline and self.start_point is None:
-            raise BadInput(f"workload {self.workload.name}: no baseline (the device-initiated program with the "
-                           "knob block) to start the search from; set Workload.baseline")
+        # Checked like a --from file before anything is stored or evaluated (start_from checked that one).
+        self._baseline_code = read_baseline(self.workload) if self.start_point is None else self.start_point.code
         if not self._owner:
             self.store.acquire_owner("search")  # before reading what to resume: it must not change under us
             self._owner = True
@@ -330,6 +341,7 @@ class SearchEngine:
         # Spent under the budget this session has: still spent; a raised budget lets the LLM propose again.
         budget = [self.config.budget.llm_dollars, self.config.budget.llm_tokens]
         self._llm_out = bool(st.get("llm_exhausted", False)) and st.get("llm_budget", budget) == budget
+        self._empty_rounds = int(st.get("empty_rounds", 0))
         if st.get("phase"):
             self.phase = PhaseController(self.config.phases, PhaseState(**st["phase"]))
         self.population = Population.from_store(self.store, rid, self._migrations)
@@ -366,14 +378,11 @@ class SearchEngine:
         if seed_path is not None:
             roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))
         baseline_parent = None
+        roots.append(("baseline", self.start_point.name if self.start_point else "baseline", self._baseline_code))
         if self.start_point is not None:
-            roots.append(("baseline", self.start_point.name, self.start_point.code))
             # The fast path's stages first (once: a kill may have come after them), the result's parent last.
             stages = [p.id for p in self.population.all() if LINEAGE_TAG in p.tags]
             baseline_parent = stages[-1] if stages else add_lineage(self.store, rid, self.start_point)
-        else:
-            assert wl.baseline is not None  # _setup refuses a workload without one
-            roots.append(("baseline", "baseline", wl.path(wl.baseline).read_text(encoding="utf-8")))
         stored = {p.source for p in self.population.all()}
         for source, name, code in roots:
             if source in stored:
@@ -426,8 +435,8 @@ class SearchEngine:
             if why is None:
                 self._round(self._gen_done + 1)
                 continue
-            if why == "budget" and self.gate.waiting() == 0 and self.human.waiting() == 0:
-                return self._finish("finished", self._budget_reason())
+            if why in ("budget", "nothing new") and self.gate.waiting() == 0 and self.human.waiting() == 0:
+                return self._finish("finished", self._budget_reason() if why == "budget" else self._nothing_new)
             self.gate.wait(cfg.idle_poll_s)
 
     def _hold_if_paused(self) -> None:
@@ -447,9 +456,12 @@ class SearchEngine:
         return "LLM budget spent and no offline source to go on with" if self._llm_out else "budget reached"
 
     def _round_blocked(self) -> str | None:
-        """Why no new round may start now: "budget", "pending" (manual gate full) or None."""
+        """Why no new round may start now: "budget", "nothing new" (the last rounds proposed nothing new: the
+        search ends unless a person's decision or edit brings something), "pending" (manual gate full) or None."""
         if self.budget.exhausted(self._gen_done):
             return "budget"
+        if self._nothing_new:
+            return "nothing new"
         if self.config.budget.llm_dollars is not None and not self._llm_out \
                 and self.budget.dollars_used() >= self.config.budget.llm_dollars:
             self._llm_out = True
@@ -516,6 +528,7 @@ class SearchEngine:
                     same.n += 1
                     continue
             groups.append(s)
+        programs_before = len(self.population)
         proposals: list[tuple[Proposal, int]] = []
         for g in groups:
             ctx = self._context(generation, g, rng)
@@ -527,11 +540,30 @@ class SearchEngine:
                 self._log(f"LLM budget spent: {exc}", "warning")
                 continue
             proposals.extend((p, g.island) for p in got[:g.n])
-        self._admit(proposals, generation, round_generation=generation)
+        gated = self._admit(proposals, generation, round_generation=generation)
         self._drain_gate()
         self._evaluate_ready()
         self._repair_builds(generation, rng)
+        if gated == 0 and len(self.population) == programs_before:
+            self._note_empty_round(generation, knobs_only=all(g.kind == "design_space" for g in groups))
+        else:
+            self._empty_rounds = 0
         self._end_round(generation)
+
+    def _note_empty_round(self, generation: int, *, knobs_only: bool) -> None:
+        """A round that proposed nothing new (no source had anything, or all of it repeated the run's programs):
+        with only design-space slots the knob space is spent -- the source falls back to every unseen point of
+        it, so an empty answer is exhaustion, not bad luck -- and the search ends at once; with LLM slots it ends
+        after ``max_empty_generations`` such rounds in a row."""
+        self._empty_rounds += 1
+        if knobs_only:
+            self._nothing_new = (f"design space exhausted: generation {generation} found no knob setting the run "
+                                 "has not tried")
+        elif self._empty_rounds >= self.config.max_empty_generations:
+            self._nothing_new = (f"nothing new to propose: {self._empty_rounds} generations in a row (to "
+                                 f"generation {generation}) brought no program the run does not have")
+        if self._nothing_new:
+            self._log(self._nothing_new, "warning")
 
     def _repair_builds(self, generation: int, rng: random.Random) -> None:
         """LLM candidates of this round that did not compile go back to their source once, with the compiler's
@@ -594,10 +626,11 @@ class SearchEngine:
         for err in getattr(self.human, "errors", []):
             self._log(err, "warning")
 
-    def _admit(self, batch: list[tuple[Proposal, int]], generation: int, *, round_generation: int) -> None:
+    def _admit(self, batch: list[tuple[Proposal, int]], generation: int, *, round_generation: int) -> int:
         """Dedupe, store, filter for novelty, and hand to the gate: a batch of (proposal, island), all labelled
         ``generation``. The batch is stored in one transaction with the run's "round" metadata (the last round
-        whose proposals are stored, and the labels of every proposal waiting for the gate)."""
+        whose proposals are stored, and the labels of every proposal waiting for the gate). Returns how many
+        went to the gate."""
         seen: set[str] = set()
         checked: list[tuple[Proposal, int, NoveltyVerdict]] = []
         for prop, island in batch:
@@ -634,6 +667,7 @@ class SearchEngine:
             else:
                 self.counters["novelty_rejected"] += 1
                 self._emit("decision", proposal_id=pid, decision="rejected", by="novelty", note=verdict.reason())
+        return sum(verdict.novel for _, _, verdict in stored)
 
     def _drain_gate(self) -> None:
         for d, prop in self.gate.drain():
@@ -661,6 +695,7 @@ class SearchEngine:
             if self.population.get(program_id) is None:
                 self.population.add_row(self.store.program(program_id))
                 self._ready.append(program_id)
+                self._empty_rounds, self._nothing_new = 0, ""  # something new: its children may be too
             self._emit("decision", proposal_id=d.proposal_id, decision=d.decision, by=d.by, note=d.note,
                        program_id=program_id)
 
@@ -790,7 +825,7 @@ class SearchEngine:
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
             "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,
-            "llm_exhausted": self._llm_out,
+            "llm_exhausted": self._llm_out, "empty_rounds": self._empty_rounds,
             "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
             "archive": self.archive.cells()})
 

@@ -13,6 +13,7 @@ temperature may be sent (OpenAI's reasoning models refuse it), the reasoning eff
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,17 +38,30 @@ class ModelSpec:
     max_tokens_param: str = "max_tokens"
 
     def __post_init__(self) -> None:
-        if not self.name:
-            raise BadInput("a model needs a name")
+        if not isinstance(self.name, str) or not self.name:
+            raise BadInput(f"a model needs a name (a non-empty string), got {self.name!r}")
+        for key in ("base_url", "reasoning_effort"):
+            if getattr(self, key) is not None and not isinstance(getattr(self, key), str):
+                raise BadInput(f"model {self.name}: {key} must be a string, got {getattr(self, key)!r}")
+        if not isinstance(self.max_tokens_param, str) or not self.max_tokens_param:
+            raise BadInput(f"model {self.name}: max_tokens_param must be a name, got {self.max_tokens_param!r}")
+        if not isinstance(self.send_temperature, bool):
+            raise BadInput(f"model {self.name}: send_temperature must be true or false, got "
+                           f"{self.send_temperature!r}")
         if self.reasoning_effort is not None and self.reasoning_effort not in REASONING_EFFORTS:
             raise BadInput(f"model {self.name}: reasoning_effort {self.reasoning_effort!r} is not one of "
                            f"{', '.join(REASONING_EFFORTS)}")
         if self.price is not None:
+            if not (isinstance(self.price, (list, tuple)) and len(self.price) == 2
+                    and all(_number(v) for v in self.price)):
+                raise BadInput(f"model {self.name}: price must be [input, output] dollars per million tokens, "
+                               f"got {self.price!r}")
             self.price = (float(self.price[0]), float(self.price[1]))
-            if min(self.price) < 0:
-                raise BadInput(f"model {self.name}: prices must be >= 0, got {self.price}")
-        if self.context_tokens is not None and self.context_tokens <= 0:
-            raise BadInput(f"model {self.name}: context_tokens must be > 0")
+            if min(self.price) < 0 or not all(math.isfinite(v) for v in self.price):
+                raise BadInput(f"model {self.name}: prices must be finite and >= 0, got {self.price}")
+        if self.context_tokens is not None and not (_integer(self.context_tokens) and self.context_tokens > 0):
+            raise BadInput(f"model {self.name}: context_tokens must be a whole number > 0, got "
+                           f"{self.context_tokens!r}")
 
     @property
     def reasoning_tokens(self) -> int:
@@ -66,12 +80,14 @@ class ModelSpec:
         return {self.name: self.price} if self.price is not None else None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | str) -> ModelSpec:
+    def from_dict(cls, d: dict[str, Any] | str, *, strict: bool = False) -> ModelSpec:
+        """A model from its name or its dict. ``strict`` (a file the user wrote): a key this code does not know is
+        refused by name; otherwise (a stored run's config, maybe from a newer version) it is left out."""
         if isinstance(d, str):
             return cls(d)
-        d = dict(d)
-        if d.get("price") is not None:
-            d["price"] = tuple(d["price"])
+        if not isinstance(d, dict) or "name" not in d:
+            raise BadInput(f"a model is its name or an object with a 'name', not {d!r}")
+        _refuse_unknown(d, cls.__dataclass_fields__, f"model {d.get('name', '?')}", strict)
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
 
 
@@ -84,6 +100,8 @@ class ModelsConfig:
     bandit_c: float = 0.5  # UCB exploration weight (0: always the best so far)
 
     def __post_init__(self) -> None:
+        if not _number(self.bandit_c):
+            raise BadInput(f"bandit_c must be a number, got {self.bandit_c!r}")
         names = [m.name for m in self.mutation]
         if len(set(names)) != len(names):
             raise BadInput(f"mutation models must have distinct names, got {names}")
@@ -112,13 +130,33 @@ class ModelsConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelsConfig:
+    def from_dict(cls, d: dict[str, Any], *, strict: bool = False) -> ModelsConfig:
+        """The config of ``d``. ``strict`` (a file the user wrote): a key this code does not know, here or in a
+        model, is refused by name; otherwise (a stored run's config, maybe from a newer version) it is left out."""
+        _refuse_unknown(d, cls.__dataclass_fields__, "models", strict)
         d = dict(d)
-        d["mutation"] = [ModelSpec.from_dict(m) for m in d.get("mutation", [])]
+        mutation = d.get("mutation", [])
+        if not isinstance(mutation, list):
+            raise BadInput(f"'mutation' must be a list of models, got {mutation!r}")
+        d["mutation"] = [ModelSpec.from_dict(m, strict=strict) for m in mutation]
         for role in ("judge", "meta", "novelty"):
             if d.get(role) is not None:
-                d[role] = ModelSpec.from_dict(d[role])
+                d[role] = ModelSpec.from_dict(d[role], strict=strict)
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+def _refuse_unknown(d: dict[str, Any], known: Any, where: str, strict: bool) -> None:
+    unknown = sorted(str(k) for k in d if k not in known)
+    if strict and unknown:
+        raise BadInput(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def make_clients(specs: list[ModelSpec], base: LLMConfig | None = None) -> dict[str, LLMClient]:

@@ -1,7 +1,8 @@
 """Evaluations on a Ray cluster: one warm evaluator actor per GPU set, a CPU build pool, results back to the
 driver, which alone writes the store (one SQLite file on the driver's machine).
 
-``ray_executor(spec, world_size, backend, address=...)`` connects to the cluster (or starts a local one), checks
+``ray_executor(spec, world_size, backend, address=...)`` connects to the cluster (or starts a private one on
+127.0.0.1, `start_private_cluster`), checks
 before anything runs that it has GPUs enough for the world (one line if not), reserves one placement group per
 GPU set (a single STRICT_PACK bundle of W GPUs under ``nccl``, one GPU under ``symm``: the ranks of a world share
 a node) and starts an ``EvaluatorActor`` in each. Ray gives each actor its GPUs as CUDA_VISIBLE_DEVICES; the actor
@@ -15,11 +16,21 @@ The slots are ``RaySlot`` objects run by ``cuco_kit.search.slots.SlotExecutor``:
 mid-evaluation is a lost slot, so the evaluation is retried on another actor, then recorded as an infrastructure
 error; the dead actor is started again in its placement group before it takes more work. Ray is imported inside
 the functions (a heavy, optional package: the ``cluster`` extra).
+
+The private cluster listens on 127.0.0.1 only. ``ray.init(_node_ip_address="127.0.0.1")`` alone does not do it:
+Ray replaces a loopback node address with the machine's external one, so its servers bind that address or every
+interface. With Ray's own switch for "local Ray only" off (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``, named for the
+platforms where it is the default) the node address stays 127.0.0.1, and every listening socket of the cluster is
+on it: the GCS, the raylet (node and object manager), each worker's and the driver's core-worker server, the
+runtime-env agent and the autoscaler's metrics endpoint (the dashboard is not started). The switch is set for the
+cluster's life, in this process and in the processes it starts, and put back when it ends.
+tests/unit/test_ray_executor.py lists the listening sockets during a search on such a cluster.
 """
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +42,8 @@ from cuco_kit.search.slots import SlotExecutor, SlotLost, build_workers_default
 log = logging.getLogger("cuco_kit.search")
 
 INSTALL_HINT = "install the cluster extra (pip install 'cuco-kit[cluster]') or use --executor local"
+# Ray's "local Ray only" switch (see the module doc): "0" keeps a cluster's node address on 127.0.0.1.
+LOCAL_ONLY_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class EvaluatorActor:
@@ -145,27 +158,65 @@ def check_gpus(per_node: list[int], world_size: int, backend: str) -> int:
     return sets
 
 
+def start_private_cluster(**resources: Any) -> Callable[[], None]:
+    """Start a Ray cluster of this machine that listens on 127.0.0.1 only (the module doc says how) and return
+    the function that ends it. ``resources``: ray.init's ``num_cpus`` / ``num_gpus`` (default: what Ray finds)."""
+    saved_env = os.environ.get(LOCAL_ONLY_ENV)
+    os.environ[LOCAL_ONLY_ENV] = "0"  # for the processes the cluster starts, and for ray if imported now
+    import ray
+    from ray._private import ray_constants  # read when ray was imported: flipped here for this process
+
+    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+
+    def restore() -> None:
+        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
+        if saved_env is None:
+            os.environ.pop(LOCAL_ONLY_ENV, None)
+        else:
+            os.environ[LOCAL_ONLY_ENV] = saved_env
+
+    def stop() -> None:
+        try:
+            ray.shutdown()
+        finally:
+            restore()
+
+    try:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, **resources)
+    except BaseException:
+        stop()  # a failed start leaves neither a half-connected driver nor the switch behind
+        raise
+    return stop
+
+
 def ray_executor(spec: EvaluatorSpec, world_size: int, backend: str, *, address: str | None = None,
                  workload_dir: str | None = None, max_slots: int | None = None, build_workers: int | None = None,
                  start_timeout_s: float = 120.0, eval_timeout_s: float = 3600.0) -> SlotExecutor:
     """A SlotExecutor over evaluator actors of the Ray cluster this process is connected to, else the one at
     ``address`` ("auto": the cluster this machine belongs to, or "HOST:PORT"), else (None) a private cluster of
-    this machine on 127.0.0.1."""
+    this machine that listens on 127.0.0.1 only (`start_private_cluster`)."""
     try:
         import ray
         from ray.exceptions import RayError
         from ray.util.placement_group import placement_group, remove_placement_group
     except ImportError:
         raise BadInput(f"--executor ray: ray is not installed; {INSTALL_HINT}") from None
-    started_here = False
+    end_cluster: Callable[[], None] | None = None  # the cluster this call connected to or started
     if not ray.is_initialized():
-        local: dict[str, Any] = {} if address else {"include_dashboard": False, "_node_ip_address": "127.0.0.1"}
         try:
-            ray.init(address=address, log_to_driver=False, **local)
+            if address:
+                ray.init(address=address, log_to_driver=False)
+                end_cluster = ray.shutdown
+            else:
+                end_cluster = start_private_cluster()
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise BadInput(f"--ray-address {address or 'auto'}: no Ray cluster answers ({_first_line(exc)}); start "
-                           "one with `ray start --head` and pass its address") from None
-        started_here = True
+            if not address:
+                raise BadInput(f"--executor ray: a private Ray cluster of this machine did not start "
+                               f"({_first_line(exc)}); start one with `ray start --head` and pass --ray-address"
+                               ) from None
+            raise BadInput(f"--ray-address {address}: no Ray cluster answers ({_first_line(exc)}); start one with "
+                           "`ray start --head` and pass its address") from None
     per_set = world_size if backend == "nccl" else 1
     sets = check_gpus(cluster_gpus(), world_size, backend)
     if max_slots is not None:
@@ -177,8 +228,8 @@ def ray_executor(spec: EvaluatorSpec, world_size: int, backend: str, *, address:
     def close() -> None:
         for pg in pgs:
             remove_placement_group(pg)
-        if started_here:
-            ray.shutdown()
+        if end_cluster is not None:
+            end_cluster()
 
     try:
         if len(ready) < len(pgs):

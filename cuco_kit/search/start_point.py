@@ -18,6 +18,7 @@ from cuco_kit.errors import BadInput
 from cuco_kit.search.population import LINEAGE_TAG
 from cuco_kit.source_file import read_source
 from cuco_kit.store import Store, code_hash
+from cuco_kit.workload import Workload
 
 
 @dataclass
@@ -69,17 +70,37 @@ def fastpath_lineage(store: Store, code: str) -> list[StageProgram]:
     return []
 
 
-def start_from(path: str | Path, store: Store | None = None) -> StartPoint:
-    """The start point of a search from a fast-path result file. BadInput when the file has no EVOLVE blocks
-    (the search changes code only inside them) or malformed markers."""
-    code = read_source(path, "--from result")
+BASELINE_HINT = "mark what the search may change with EVOLVE blocks, the knobs in a knob block (docs/contracts.md)"
+FROM_HINT = "pass the fast path's annotated result (cuco fastpath ... --out RESULT.cu)"
+
+
+def read_baseline(workload: Workload) -> str:
+    """The workload's baseline, checked like a ``--from`` file (`read_start`); BadInput when it has none."""
+    if not workload.baseline:
+        raise BadInput(f"workload {workload.name}: no baseline (the device-initiated program with the knob block) "
+                       "to start the search from; set Workload.baseline")
+    return read_start(workload.path(workload.baseline), f"workload {workload.name}: baseline", BASELINE_HINT)
+
+
+def read_start(path: str | Path, what: str, hint: str) -> str:
+    """The code of a file a search starts from (a ``--from`` result, a workload's baseline): readable source
+    text with well-formed EVOLVE markers, at least one block (the search changes code only inside them) and a
+    knob block that keeps the contract, if it has one. BadInput (one line naming ``what`` and the file, then
+    ``hint``) otherwise, before anything is evaluated."""
+    code = read_source(path, what)
     try:
         found = markers.blocks(code)
-    except markers.MarkerError as exc:
-        raise BadInput(f"--from {path}: {exc}") from None
+        markers.knobs(code)
+    except BadInput as exc:
+        raise BadInput(f"{what} {path}: {exc}") from None
     if not found:
-        raise BadInput(f"--from {path}: no EVOLVE blocks, so the search could change nothing; pass the fast "
-                       "path's annotated result (cuco fastpath ... --out RESULT.cu)")
+        raise BadInput(f"{what} {path}: no EVOLVE blocks, so the search could change nothing; {hint}")
+    return code
+
+
+def start_from(path: str | Path, store: Store | None = None) -> StartPoint:
+    """The start point of a search from a fast-path result file (`read_start` checks it)."""
+    code = read_start(path, "--from", FROM_HINT)
     lineage = fastpath_lineage(store, code) if store is not None else []
     if lineage and lineage[-1].code == code:
         lineage = lineage[:-1]  # the result itself is the baseline root

@@ -123,6 +123,49 @@ def test_concurrent_calls_reserve_so_together_they_stay_within_budget(store: Sto
     assert "held by calls in flight" in next(r["error"] for r in store.llm_calls() if not r["ok"])
 
 
+def test_a_server_that_reports_more_than_a_call_allowed_never_passes_the_budget(store: Store) -> None:
+    """The server ignores max_tokens and bills 9000 completion tokens ($9 at $0.001 a token) against a $5 budget:
+    the call is counted at its reservation (what it allowed), the reported figures are kept in the error column,
+    and the next call is refused without being sent."""
+    run = store.create_run(workload="w", config={})
+    with FakeOpenAIServer([answer("greedy", words(9000), times=0)]) as srv:
+        ledger = Ledger(store, run, budget_dollars=5.0, prices={**PER_TOKEN, "fixture-greedy": PER_TOKEN["fixture"]})
+        client = client_for(srv, ledger)
+        reply = client.complete(MSGS, purpose="mutate", max_tokens=100)
+        worst = (prompt_tokens_bound(MSGS) + 100) * 1e-3
+        assert reply.completion_tokens == 9000  # what the server said, for whoever reads the answer
+        assert ledger.spent_dollars == pytest.approx(worst) == store.llm_dollars() and worst <= 5.0
+        with pytest.raises(LLMBudgetExceeded, match="reported more than call 'mutate' allowed"):
+            client.complete(MSGS, purpose="mutate", max_tokens=100)
+        assert ledger.exhausted("fixture") is not None
+        assert len(srv.chat_requests()) == 1  # the second call was never sent
+    first, second = store.llm_calls(run)
+    assert first["ok"] and first["completion_tokens"] == 100 and "reported" in first["error"] \
+        and "9000 completion tokens, $9.0" in first["error"] and "counted as allowed" in first["error"]
+    assert not second["ok"] and second["error"].startswith("refused")
+
+
+def test_cuco_search_against_an_overbilling_server_stays_within_its_budget(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, llm_env: None,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The probe that ended at $9.00 of a $5 budget: now the run's ledger stays within $5 and the LLM's part ends
+    with the reason in the log."""
+    wl = write_synthetic_workload(tmp_path / "wl")
+    db = tmp_path / "s.db"
+    with FakeOpenAIServer([answer("greedy/gpt-4o", words(900_000), times=0)]) as srv:
+        point_at(monkeypatch, srv.base_url, "gpt-4o")
+        rc = main(["search", str(wl), "--mutator", "llm", "--generations", "5", "--db", str(db), "--evaluator",
+                   "simulated", "--llm-budget", "5", "--json"])
+        sent = len(srv.chat_requests())
+    out, err = capsys.readouterr()
+    assert rc == 0 and "Traceback" not in out + err
+    assert sent == 1 and "reported more than call" in err
+    with Store(db) as st:
+        assert 0 < st.llm_dollars() <= 5.0
+        (run,) = st.runs()
+        assert run["state"] == "finished"
+
+
 def test_the_budget_is_per_database_not_per_run(store: Store) -> None:
     earlier = store.create_run(workload="w", config={})
     store.add_llm_call(run_id=earlier, model="fixture", purpose="fastpath.stage_a", prompt_tokens=10,

@@ -81,7 +81,7 @@ class Body:
                 hit = _scan(d, names, marker)
                 if isinstance(hit, list) and hit:
                     everyone[d] = hit
-        self.report = {"self": _scan("self", names, marker), "parent_pid": ppid,
+        self.report = {"self": _scan("self", names, marker), "parent_pid": ppid, "uid": os.getuid(),
                        "parent": _scan(ppid, names, marker) if ppid else "absent",
                        "grandparent": _scan(_ppid(ppid), names, marker) if ppid and _ppid(ppid) else "absent",
                        "found_in": everyone}
@@ -107,7 +107,7 @@ pool = WorkerPool(PoolConfig(start_timeout_s=60), work / "ranks")
 try:
     g = pool.group("k", lambda s: GroupSpec(world=1, config=config, scratch=s, body="spy_body:Body",
                                              pythonpath=pythonpath, python=sys.executable))
-    print("REPORT " + json.dumps({"parent": os.getpid(), "grandparent": os.getppid(),
+    print("REPORT " + json.dumps({"parent": os.getpid(), "grandparent": os.getppid(), "uid": os.getuid(),
                                   "isolation": g.isolation.provenance(), "rank": g.info[0]}), flush=True)
 finally:
     pool.close()
@@ -180,21 +180,42 @@ def test_a_rank_finds_no_secret_in_proc(world_dir: Path) -> None:
     _assert_what_the_situation_guarantees(_run_chain(world_dir, []), ranks_are_root=os.geteuid() == 0)
 
 
+# The unprivileged user: nobody. setpriv switches to it with no capability, or, where this Python lives in a folder
+# only root may enter (a pyenv under /root, a clone in /root), with the one capability that lets it read there:
+# DAC_READ_SEARCH (read and search past file permissions), else DAC_OVERRIDE where a container's bounding set
+# lacks it. Neither lets a process read another's /proc/<pid>/environ: that is a ptrace access check, which needs
+# CAP_SYS_PTRACE against a non-dumpable process (the guarantee under test), and the bounding set is cut to the
+# one capability so nothing can gain more.
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+NOBODY_CAPS = ([], ["dac_read_search"], ["dac_override"])
+
+
+def _as_nobody(world_dir: Path) -> tuple[list[str], str]:
+    """The setpriv prefix that runs this Python with torch and the kit as nobody, and the capability it keeps
+    ("" for none); skips the test where no such prefix works."""
+    probe = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import torch, cuco_kit'], check=True)"
+    why = "?"
+    for caps in NOBODY_CAPS:
+        prefix = NOBODY + [arg for c in caps for arg in (f"--inh-caps=+{c}", f"--ambient-caps=+{c}",
+                                                          f"--bounding-set=-all,+{c}")]
+        check = subprocess.run([*prefix, sys.executable, "-c", probe], env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                               capture_output=True, text=True, cwd=world_dir)
+        if check.returncode == 0:
+            return prefix, ",".join(caps)
+        why = (check.stderr.strip().splitlines() or ["?"])[-1]
+    pytest.skip(f"the unprivileged user cannot run this Python with torch and the kit here: {why}")
+
+
 def test_a_rank_of_an_unprivileged_user_cannot_read_its_parent(world_dir: Path) -> None:
-    """The same chain run as the unprivileged user nobody (possible where the tests run as root), so a CI run as
-    root also checks the non-root guarantee: the non-dumpable parent."""
+    """The same chain run as the unprivileged user nobody, so a CI run as root also checks the non-root
+    guarantee: the non-dumpable parent. (Run as non-root, the test above already is this case.)"""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run the chain as another user")
-    probe = "import subprocess, sys; subprocess.run([sys.executable, '-c', 'import torch, cuco_kit'], check=True)"
-    check = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",
-                            probe], env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
-                           cwd=world_dir)
-    if check.returncode != 0:
-        why = (check.stderr.strip().splitlines() or ["?"])[-1]
-        pytest.skip(f"the unprivileged user cannot run this Python with torch and the kit here: {why}")
-    out = _run_chain(world_dir, ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"])
+    prefix, caps = _as_nobody(world_dir)
+    out = _run_chain(world_dir, prefix)
     assert not out["isolation"]["pid_namespace"]
     _assert_what_the_situation_guarantees(out, ranks_are_root=False)
+    assert out["uid"] == out["rank"]["uid"] == 65534, caps  # the parent and its rank ran as nobody
 
 
 # ------------------------------------------------------------------------------ keys in stored LLM errors

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from cuco_kit.cli import main
 from cuco_kit.evaluate import gpu_evaluator
 from cuco_kit.search.synthetic import write_synthetic_workload
-from cuco_kit.store import SCHEMA_VERSION, Store, StoreError
+from cuco_kit.store import SCHEMA_VERSION, Store, StoreError, owner_lock_path
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,7 +178,7 @@ def test_one_owner_at_a_time_and_kill_9_frees_it(tmp_path: Path) -> None:
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
         assert holder.returncode == -signal.SIGKILL
-        lock = Path(f"{db}.lock")
+        lock = owner_lock_path(db)
         assert str(holder.pid) in lock.read_text()  # left behind by the dead owner, still naming it
         first = Store(db)
         first.acquire_owner()  # the kernel dropped the dead owner's lock, though its child still runs
@@ -198,3 +199,120 @@ def test_one_owner_at_a_time_and_kill_9_frees_it(tmp_path: Path) -> None:
         again.acquire_owner()
         again.release_owner()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.db"]
+
+
+# The first search of the two below: a child process that owns the database and evaluates (0.1 s each) until the
+# test tells it to stop, so the second starts while it writes. It says when it owns the file and how it ended.
+FIRST_SEARCH = textwrap.dedent("""
+    import sys
+    from cuco_kit.evaluate.simulated import SimulatedEvaluator
+    from cuco_kit.search.budget import BudgetConfig
+    from cuco_kit.search.config import SearchConfig
+    from cuco_kit.search.design_space import DesignSpaceConfig, DesignSpaceSource
+    from cuco_kit.search.engine import SearchEngine
+    from cuco_kit.store import Store
+    with Store(sys.argv[2]) as st:
+        engine = SearchEngine(sys.argv[1], st, SimulatedEvaluator(seed=1, delay_s=0.1),
+                              [DesignSpaceSource(DesignSpaceConfig(sampler="random"))],
+                              SearchConfig(seed=3, budget=BudgetConfig(generations=1000)))
+        engine.start()  # set-up (the owner lock) happens before this returns
+        print("OWNER", flush=True)
+        sys.stdin.readline()
+        engine.stop()
+        engine.join()
+        print("FINISHED", engine.state, engine.reason, flush=True)
+""")
+
+
+def _done(db: Path) -> int:
+    with Store(db, readonly=True) as st:
+        return sum(e["status"] == "done" for e in st.evaluations())
+
+
+def _wait_for_evaluations(db: Path, n: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while _done(db) < n:
+        assert time.monotonic() < deadline, f"the first search did not reach {n} evaluations"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("alias", ["symlink", "hard link"])
+def test_a_second_search_through_a_link_is_refused_and_the_database_stays_whole(
+        tmp_path: Path, alias: str, capsys: pytest.CaptureFixture) -> None:
+    """Two searches on one database, the second through another name of the file: refused in one line (naming
+    the owner where the lock can say who it is), while the first goes on writing; SQLite's integrity_check is ok
+    afterwards and every evaluation of the first's run is done (none interrupted)."""
+    wl = write_synthetic_workload(tmp_path / "wl")
+    db = tmp_path / "run.db"
+    Store(db).close()
+    other = tmp_path / "sub" / "other.db"
+    other.parent.mkdir()
+    if alias == "symlink":
+        other.symlink_to(db)
+    first = subprocess.Popen([sys.executable, "-c", FIRST_SEARCH, str(wl), str(db)], cwd=ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert first.stdout is not None and first.stdin is not None
+        assert first.stdout.readline().strip() == "OWNER", first.stderr.read() if first.stderr else ""
+        _wait_for_evaluations(db, 3)  # the first is writing
+        if alias == "hard link":
+            os.link(db, other)
+        assert main(_search(wl, other)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        if alias == "symlink":
+            assert f"pid {first.pid} on host {socket.gethostname()}" in err and f"opened as {db}" in err
+        else:
+            assert "2 names (hard links)" in err
+        _wait_for_evaluations(db, _done(db) + 2)  # and goes on writing after the refusal
+        out, errs = first.communicate("stop\n", timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, errs
+    assert "FINISHED stopped stopped by request" in out, out + errs
+    if alias == "hard link":
+        os.unlink(other)
+        assert not Path(f"{other}-wal").exists() and not Path(f"{other}-shm").exists()
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        conn.close()
+    with Store(db, readonly=True) as st:
+        (run,) = st.runs()
+        statuses = {e["status"] for e in st.evaluations(run["id"])}
+        assert run["state"] == "stopped" and statuses == {"done"} and len(st.evaluations(run["id"])) >= 5
+    assert not owner_lock_path(db).exists()
+
+
+def test_every_path_to_one_file_meets_one_owner_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path, a path with '..' and a symlink lead to one lock file, beside the real file."""
+    (tmp_path / "a").mkdir()
+    db = tmp_path / "a" / "run.db"
+    (tmp_path / "link.db").symlink_to(db)
+    monkeypatch.chdir(tmp_path)
+    paths = [db, Path("a/run.db"), tmp_path / "a" / ".." / "a" / "run.db", Path("link.db")]
+    assert {owner_lock_path(p) for p in paths} == {Path(f"{db.resolve()}.lock")}
+    with Store(db) as first:
+        first.acquire_owner()
+        for p in paths[1:]:
+            with Store(p) as second, pytest.raises(StoreError, match="another search in this process"):
+                second.acquire_owner()
+
+
+def test_a_file_with_two_names_is_refused_for_writing_but_may_be_read(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    with Store(db) as st:
+        st.create_run(workload="w", config={})
+    os.link(db, tmp_path / "copy.db")
+    before = _snapshot(tmp_path)
+    for name in ("run.db", "copy.db"):
+        with pytest.raises(StoreError, match="one of 2 names") as err:
+            Store(tmp_path / name)
+        assert "\n" not in str(err.value)
+    assert _snapshot(tmp_path) == before  # refused before any connection: no -wal or -shm file
+    with Store(tmp_path / "copy.db", readonly=True) as ro:
+        assert ro.runs()[0]["workload"] == "w"

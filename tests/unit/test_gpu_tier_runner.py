@@ -39,12 +39,15 @@ def _collected(marker: str, quick: bool = False) -> dict[str, int]:
 @pytest.mark.parametrize("quick", [False, True])
 def test_every_gpu_file_runs_in_a_part_and_only_the_timing_ones_alone(quick: bool) -> None:
     parts = {name: _collected(marker, quick) for name, marker in gpu_tier.PARTS}
-    assert set(parts["serial"]) == {"test_launch_bias_gpu.py", "test_harness_gpu.py"}
+    # timings, the whole-machine leak check, and a hang until the watchdog (the wrong peer of host NCCL)
+    assert set(parts["serial"]) == {"test_launch_bias_gpu.py", "test_harness_gpu.py", "test_host_nccl_symm_gpu.py"}
     assert set(parts["parallel"]) | set(parts["serial"]) == set(GPU_FILES)  # new files land in the parallel part
-    assert not set(parts["parallel"]) & set(parts["serial"])
+    full = _collected("gpu")
+    both = {f: parts["parallel"].get(f, 0) + parts["serial"].get(f, 0) for f in GPU_FILES}
     if quick:  # smaller, and still every file
-        full = _collected("gpu")
-        assert sum(parts["parallel"].values()) + sum(parts["serial"].values()) < sum(full.values())
+        assert sum(both.values()) < sum(full.values())
+    else:  # every test in exactly one part
+        assert both == full
 
 
 def test_the_parallel_part_spreads_files_over_workers(tmp_path: Path) -> None:

@@ -162,6 +162,7 @@ def test_the_run_budget_stops_at_the_limit_and_resume_loses_nothing(tmp_path: Pa
             cfg = SearchConfig(seed=0, proposals_per_generation=1, models=ModelsConfig(mutation=[model]),
                                budget=BudgetConfig(generations=20, llm_dollars=dollars))
             cfg.meta.interval = 0
+            cfg.max_empty_generations = 50  # the fake answers the same knobs every time: only the budget ends it
             for s in (cfg.phases.explore, cfg.phases.exploit):
                 s.mix = {"full": 1.0}
             eng = SearchEngine(wl, store, SimulatedEvaluator(seed=1, fail_rate=0.0),

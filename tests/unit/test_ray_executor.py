@@ -7,6 +7,7 @@ One cluster for the module (Ray starts slowly); the tests run in file order and 
 next one finds the 4 GPUs free."""
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
-from cuco_kit.search.ray_executor import check_gpus, ray_executor
+from cuco_kit.search.ray_executor import check_gpus, ray_executor, start_private_cluster
 from cuco_kit.search.synthetic import write_synthetic_workload
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
@@ -103,10 +104,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(shim), *([old_path] if old_path else [])])
     try:
         try:
-            ray.init(num_cpus=6, num_gpus=4, include_dashboard=False, _node_ip_address="127.0.0.1",
-                     log_to_driver=False)
+            stop = start_private_cluster(num_cpus=6, num_gpus=4)  # how the executor starts its own
         except Exception as exc:  # noqa: BLE001 - Ray's own start-up, not the code under test
-            ray.shutdown()
             _end_ray_children()
             if "timed out during startup" in str(exc):
                 # Ray's raylet gives its agents ~15 s to start; on a machine whose CPUs are saturated they miss
@@ -116,7 +115,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         try:
             yield ray.get_runtime_context().gcs_address
         finally:
-            ray.shutdown()
+            stop()
     finally:
         if old_path is None:
             os.environ.pop("PYTHONPATH", None)
@@ -164,6 +163,79 @@ def test_search_on_ray_gives_each_actor_its_own_gpu_set(cluster: str, wl: Path, 
     starts = [e.data for e in bus.history("evaluation_progress") if e.data.get("step") == "slot_start"]
     assert {d["slot_label"] for d in starts} == {f"actor {i} [GPU {g}]" for i, g in enumerate(
         r["gpus"] for r in ex.slot_table())}
+
+
+def _listening(pids: set[int]) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of every TCP socket listening in one of ``pids`` (from /proc)."""
+    owner: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                link = os.readlink(fd)
+                if link.startswith("socket:["):
+                    owner[link[8:-1]] = pid
+        except OSError:
+            continue  # ended meanwhile
+    out = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] != "0A" or fields[9] not in owner:  # 0A: LISTEN
+                continue
+            hexip, hexport = fields[1].split(":")
+            raw = bytes.fromhex(hexip)  # 32-bit words in host (little-endian) order
+            ip = ipaddress.ip_address(b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4)))
+            name = Path(f"/proc/{owner[fields[9]]}/comm").read_text().strip()
+            out.append((str(ip), int(hexport, 16), name))
+    return out
+
+
+def _loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def test_the_private_cluster_listens_on_127_0_0_1_only(cluster: str, wl: Path, tmp_path: Path) -> None:
+    """During a search on the cluster the executor starts for itself (the module's cluster), every TCP socket that
+    listens in this process or any process under it -- the GCS, the raylet, the agents, the driver's and each
+    actor's worker -- is on a loopback address; none on the machine's own address or on every interface."""
+    assert cluster.startswith("127.0.0.1:")
+    ex = ray_executor(EvaluatorSpec("simulated", {"seed": 5, "delay_s": 0.2}), 2, "nccl", workload_dir=str(wl))
+    seen: list[tuple[str, int, str]] = []
+
+    def snapshot(event: Any) -> None:
+        if event.kind == "evaluation_started" and not seen:  # the actors are up and evaluating now
+            me = os.getpid()
+            family = {me} | {int(p) for p in _descendants(me)}
+            seen.extend(_listening(family))
+
+    bus = EventBus()
+    bus.subscribe(snapshot)
+    cfg = SearchConfig(seed=2, world_size=2, budget=BudgetConfig(generations=1))
+    with Store(tmp_path / "s.db") as st:
+        SearchEngine(wl, st, ex, [DesignSpaceSource()], cfg, bus, executor=ex).run()
+    names = {name for _, _, name in seen}
+    assert {"gcs_server", "raylet"} <= names and any(n.startswith("ray::") for n in names), seen
+    outside = [s for s in seen if not _loopback(s[0])]
+    assert outside == [], f"listening beyond 127.0.0.1: {outside}"
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
 
 
 def _record(db: Path) -> dict[str, Any]:
