@@ -135,6 +135,22 @@ _ALIAS_CALLS = frozenset({"cuco_tensor", "cuco_scratch"}) | _CAST_CALLS
 _LOOPS = frozenset({"for_statement", "while_statement", "do_statement", "for_range_loop"})
 _MAX_INLINE_DEPTH = 8
 
+# The API names above as one vocabulary for other readers of host programs (the importer classifies the
+# statements of a program's main() with them).
+COMM_CALLS = frozenset(_COLLECTIVES) | frozenset(_P2P)
+REDUCING_COLLECTIVES = frozenset({"ncclAllReduce", "ncclReduceScatter", "ncclReduce"})
+GROUP_CALLS = frozenset(_GROUP)
+SETUP_CALLS = _SETUP
+ALLOC_CALLS = frozenset(_ALLOCS)
+FREE_CALLS = _FREES
+BLAS_CALLS = frozenset(_BLAS)
+LAUNCH_APIS = _LAUNCH_APIS
+COPY_CALLS = frozenset(_COPIES)
+STREAM_CREATE_CALLS = _STREAM_CREATE
+EVENT_CALLS = _EVENT_CALLS
+SYNC_CALLS = _SYNCS
+LOOPS = _LOOPS
+
 
 # --- records ------------------------------------------------------------------------------------------------
 
@@ -317,7 +333,8 @@ class Graph:
     """Communication dependency graph.
 
     nodes: comm calls, copies and compute (kernel launches, cuBLAS) in execution order, each
-    {id, kind, name, line, function, stream, reads, writes, group, in_loop}.
+    {id, kind, name, line, function, stream, reads, writes, group, in_loop, sites}; `sites` are the calls that
+    reached the node's function from its root, [function, line] outermost first; comm calls also carry `comm`.
     edges: read-after-write buffer dependencies {src, dst, buffer, kind, order, src_stream, dst_stream}; kind is
     "produce" (compute -> comm: the kernel writes what is sent), "consume" (comm -> compute: the kernel reads what
     was received) or "data" (any other pair); order says what orders the two: "stream" (same stream), "event"
@@ -551,6 +568,10 @@ def _is_alias_value(value: Node) -> bool:
     if value.type == "binary_expression":  # pointer arithmetic only: `n * 2` or `1 << 20` names no buffer
         op = value.child_by_field_name("operator")
         return op is not None and node_text(op) in ("+", "-")
+    if value.type in ("cast_expression", "parenthesized_expression"):  # `(float**)malloc(n)` names no buffer
+        inner = value.child_by_field_name("value") if value.type == "cast_expression" else (
+            value.named_children[0] if value.named_children else None)
+        return inner is not None and _is_alias_value(inner)
     return True
 
 
@@ -1149,8 +1170,10 @@ class _Analyzer:
                         called.add(name)
         return [f for f in self.funcs if not f.device and f.body is not None and f.short not in called]
 
-    def expand(self, func: _Func, scope: _Scope, stack: list[str], depth: int) -> Iterator[tuple[Node, _Scope]]:
-        """Call sites of `func` in execution order, calls to local host functions replaced by their bodies."""
+    def expand(self, func: _Func, scope: _Scope, stack: list[str], sites: list[list[Any]],
+               depth: int) -> Iterator[tuple[Node, _Scope, list[list[Any]]]]:
+        """Call sites of `func` in execution order, calls to local host functions replaced by their bodies;
+        `sites` are the calls that led here ([function, line] from the root down)."""
         assert func.body is not None  # roots() and the inlining below expand only functions with a body
         calls = sorted((n for n in walk(func.body)
                         if n.type == "call_expression" and self.func_of(n) is func and not _disabled(n)),
@@ -1162,9 +1185,10 @@ class _Analyzer:
                     and callee.short not in stack and depth < _MAX_INLINE_DEPTH):
                 args = _args(call)
                 bindings = {p: _base(a, scope) for p, a in zip(callee.params, args) if p}
-                yield from self.expand(callee, _Scope(callee, bindings), stack + [callee.short], depth + 1)
+                yield from self.expand(callee, _Scope(callee, bindings), stack + [callee.short],
+                                       sites + [[func.name, _line(call)]], depth + 1)
             else:
-                yield call, scope
+                yield call, scope, sites
 
     def build_graph(self, rep: AnalysisReport) -> Graph:
         g = Graph()
@@ -1173,7 +1197,7 @@ class _Analyzer:
         group_depth = 0
         group_id = -1
         for root in self.roots():
-            for call, scope in self.expand(root, _Scope(root), [root.short], 0):
+            for call, scope, sites in self.expand(root, _Scope(root), [root.short], [], 0):
                 tmp = AnalysisReport(filename="")
                 self.record(call, scope, tmp, blas_streams)
                 name = _callee_name(call)
@@ -1186,10 +1210,11 @@ class _Analyzer:
                     group_depth = max(0, group_depth - 1)
                     continue
                 grp = group_id if group_depth > 0 else None
+                first = len(order)
                 for c in tmp.collectives + tmp.p2p:
                     order.append(self.node("collective" if c.call in _COLLECTIVES else "p2p", c.call, c.line,
                                            c.function, c.stream, [c.send] if c.send else [],
-                                           [c.recv] if c.recv else [], grp, c.in_loop))
+                                           [c.recv] if c.recv else [], grp, c.in_loop) | {"comm": c.comm})
                 for la in tmp.launches:
                     order.append(self.node("kernel", la.kernel, la.line, la.function, la.stream, la.reads,
                                            la.writes, None, la.in_loop))
@@ -1205,6 +1230,9 @@ class _Analyzer:
                         order.append({"sync": e.call, "event": e.event, "stream": _stream_key(e.stream)})
                 for s in tmp.syncs:
                     order.append({"sync": s.call, "target": s.target})
+                for item in order[first:]:
+                    if "sync" not in item:
+                        item["sites"] = sites
         for item in order:
             if "sync" not in item:
                 item["id"] = len(g.nodes)
@@ -1327,6 +1355,8 @@ def analyze_file(path: str | Path) -> AnalysisReport:
 
 
 __all__ = [
+    "ALLOC_CALLS", "BLAS_CALLS", "COMM_CALLS", "COPY_CALLS", "EVENT_CALLS", "FREE_CALLS", "GROUP_CALLS",
+    "LAUNCH_APIS", "LOOPS", "REDUCING_COLLECTIVES", "SETUP_CALLS", "STREAM_CREATE_CALLS", "SYNC_CALLS",
     "AnalysisReport", "Allocation", "BlasCall", "CommCall", "CopyCall", "EventCall", "Free", "Graph", "Group",
     "Kernel", "KernelParam", "Launch", "SetupCall", "StreamCreate", "SyncCall", "analyze", "analyze_file",
 ]

@@ -1,7 +1,9 @@
 """EVOLVE blocks, the knob block and frozen-region hashing: the marker contract (docs/contracts.md, marker v1).
 
-A candidate's mutable code sits between ``// EVOLVE-BLOCK-START <name>`` and ``// EVOLVE-BLOCK-END`` lines.
-Every byte outside the blocks (marker lines included) is frozen: its sha256 must equal the parent's. The block
+A candidate's mutable code sits between ``// EVOLVE-BLOCK-START <name>`` and ``// EVOLVE-BLOCK-END`` lines. A START
+without a name (CUCo's and ShinkaEvolve's files) opens a block named by its place in the file, ``block_<n>`` for
+the n-th block (`auto_named` lists them, `naming_note` says it in one line). Every byte outside the blocks (marker
+lines included) is frozen: its sha256 must equal the parent's. The block
 named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed values in a ``// knob:`` comment: a
 written set ``{a, b, c}`` or an integer range (``range 64..1024 step 64``, ``pow2 1..16``), see docs/contracts.md.
 
@@ -21,6 +23,7 @@ from cuco_kit.errors import BadInput
 
 MARKER_VERSION = 1
 KNOB_BLOCK = "knobs"
+AUTO_PREFIX = "block_"  # unnamed blocks are block_1, block_2, ... in file order
 
 START_MARKER = _START = "EVOLVE-BLOCK-START"
 END_MARKER = _END = "EVOLVE-BLOCK-END"
@@ -57,6 +60,7 @@ class Block:
     text: str
     start_offset: int = 0
     end_offset: int = 0
+    auto_named: bool = False  # its START had no name: `name` is block_<n>, n its place among the blocks
 
 
 @dataclass(frozen=True)
@@ -115,31 +119,35 @@ def _line_offsets(lines: list[str]) -> list[int]:
 
 
 def blocks(code: str) -> list[Block]:
-    """The EVOLVE blocks of `code`, in file order. Raises MarkerError when the markers are not well formed."""
+    """The EVOLVE blocks of `code`, in file order; an unnamed block is named block_<n> (n: its place among the
+    blocks). Raises MarkerError when the markers are not well formed."""
     lines = code.split("\n")
     offsets = _line_offsets(lines)
     found: list[Block] = []
     seen: dict[str, int] = {}
     open_name: str | None = None
     open_line = 0
+    open_auto = False
     for i, line in enumerate(lines):
         no = i + 1
         if _START in line:
             m = _START_RE.match(line)
             if m is None:
                 raise MarkerError(f"line {no}: '// {_START} <name>' must be alone on its line")
-            name = m.group("name")
-            if not name:
-                raise MarkerError(f"line {no}: {_START} without a block name (write '// {_START} <name>')")
+            name = m.group("name") or f"{AUTO_PREFIX}{len(found) + 1 + (open_name is not None)}"
             if not _IDENT_RE.match(name):
                 raise MarkerError(f"line {no}: block name {name!r} is not an identifier")
+            what = f"block {name!r}" + ("" if m.group("name") else " (unnamed)")
             if open_name is not None:
-                raise MarkerError(f"line {no}: block {name!r} starts inside block {open_name!r} (started at line "
+                raise MarkerError(f"line {no}: {what} starts inside block {open_name!r} (started at line "
                                   f"{open_line}); blocks do not nest, close it with '// {_END}' first")
-            if name in seen:
+            if name in seen and m.group("name"):
                 raise MarkerError(f"line {no}: block name {name!r} is used twice (first at line {seen[name]})")
+            if name in seen:
+                raise MarkerError(f"line {no}: {what} would have the name of the block at line {seen[name]}; "
+                                  "name one of them")
             seen[name] = no
-            open_name, open_line = name, no
+            open_name, open_line, open_auto = name, no, not m.group("name")
         elif _END in line:
             if _END_RE.match(line) is None:
                 raise MarkerError(f"line {no}: '// {_END}' must be alone on its line")
@@ -147,11 +155,25 @@ def blocks(code: str) -> list[Block]:
                 raise MarkerError(f"line {no}: {_END} without a matching {_START}")
             start = offsets[open_line] if open_line < len(lines) else len(code)
             end = offsets[i]
-            found.append(Block(open_name, open_line, no, code[start:end], start, end))
+            found.append(Block(open_name, open_line, no, code[start:end], start, end, open_auto))
             open_name = None
     if open_name is not None:
         raise MarkerError(f"line {open_line}: block {open_name!r} is never closed (add '// {_END}')")
     return found
+
+
+def auto_named(blks: list[Block]) -> list[Block]:
+    """The blocks whose START had no name (named block_<n> by `blocks`)."""
+    return [b for b in blks if b.auto_named]
+
+
+def naming_note(blks: list[Block]) -> str | None:
+    """One line saying which names the unnamed blocks got (None when every block is named)."""
+    named = auto_named(blks)
+    if not named:
+        return None
+    return "unnamed EVOLVE blocks named by their place in the file: " + ", ".join(
+        f"{b.name} = lines {b.start_line}-{b.end_line}" for b in named)
 
 
 def block_at(blks: list[Block], line: int) -> Block | None:

@@ -558,7 +558,7 @@ YOUR_KERNEL = [
 This notebook **shows** the main road with a host-driven CUDA + NCCL program of your own (here: the example
 program, an all-reduce followed by an RMS normalisation; point `PROGRAM` at yours):
 
-1. **import**: the analysis proposes a plan (inputs, outputs, scratch buffers, sizes, the per-step loop) that
+1. **import**: the analysis proposes a plan (inputs, outputs, scratch buffers, sizes, where the step is) that
    you correct before anything is written; then a workload folder with a seed in the candidate ABI;
 2. **port and reference**: the LLM's port is checked (every tensor used, every NCCL call kept, it compiles) and
    shown as a diff against your program; its torch reference runs on the CPU and is shown too. The reference
@@ -583,10 +583,12 @@ display(banner(llm_note), banner(choice.note))
     md("""
 ## 1. The plan
 
-What the analysis read from `main()`: each device buffer's role (an **input** the harness fills, an **output**
-it verifies, **scratch** the seed keeps to itself), the size constants that become workload parameters, and
-the loop that is one step. Correct the JSON and press **Apply**: an inconsistent plan is refused with one line
-per problem. (`cuco init PROGRAM.cu --workload DIR --plan-only` does the same on the command line.)
+What the analysis read from the program: each device buffer's role (an **input** the harness fills, an **output**
+it verifies, **scratch** the seed keeps to itself), the sizes that become workload parameters, where the step is
+(a loop, or statements, of `main()` or of the function it calls) and what the step leaves out (timing, printing).
+What it could not decide is marked **TODO**. Correct the JSON and press **Apply**: a plan with an open TODO or an
+inconsistency is refused with one line per problem. (`cuco init PROGRAM.cu --workload DIR --plan-only` does the
+same on the command line.)
 """),
     code("""
 form = PlanForm(session)
@@ -596,7 +598,8 @@ form
 ## 2. The workload folder
 
 The plan, your program, the deterministic port (`seed_nccl.cu`) and `workload.py`, whose reference is a marked
-TODO until you approve one. `cuco check-workload DIR` lists what is still missing.
+TODO until you approve one; until then the seed is the **oracle** (a candidate is checked against the seed's
+outputs on the same inputs). `cuco check-workload DIR` lists what is still missing: the reference and the tolerance.
 """),
     code("""
 session.write(overwrite=True)

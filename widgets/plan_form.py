@@ -1,8 +1,9 @@
 """The import in a notebook: the plan as a form the user corrects, and the LLM's port and reference as drafts
 a person approves, rejects with a note, or edits.
 
-`PlanForm` shows the plan's buffers (role, dtype, element count), sizes and step lines, with the plan's JSON
-in an editor; "Apply" checks an edited plan against the program and says what is inconsistent, one line each.
+`PlanForm` shows the plan's buffers (role, dtype, element count), sizes, where the step is, what it leaves out and
+what is still TODO, with the plan's JSON in an editor; "Apply" checks an edited plan against the program and
+says what is open or inconsistent, one line each.
 `DraftReview` shows a draft (the port as a diff against the original program, the reference as a diff against
 workload.py's current one) with what the checks found; Approve writes it only if the checks pass, Reject asks
 again with the note, Edit writes the person's version after the same checks. Nothing is accepted silently.
@@ -15,7 +16,7 @@ from typing import Any
 import ipywidgets as W
 
 from cuco_kit.errors import BadInput
-from cuco_kit.importer.plan import check_plan
+from cuco_kit.importer.plan import InconsistentPlan, check_plan
 from cuco_kit.importer.session import Draft, ImportSession
 from cuco_kit.importer.workload_writer import current_reference
 from cuco_kit.terminal import one_line
@@ -29,12 +30,17 @@ def plan_html(session: ImportSession) -> str:
     rows = "".join(f"<tr><td>{esc(b.name)}</td><td><b>{esc(b.role)}</b></td><td>{esc(b.dtype)}</td>"
                    f"<td>{esc(b.count)}</td></tr>" for b in p.buffers)
     sizes = ", ".join(f"{esc(k)}={v}" + (" (fixed)" if k in p.fixed_sizes else "") for k, v in p.sizes.items())
-    notes = "".join(f"<li>{esc(n)}</li>" for n in p.notes)
-    return (f"<div><b>{esc(p.program)}</b> -> workload <b>{esc(p.name)}</b>; step: main() lines {p.step_start}-"
-            f"{p.step_end}; communicator {esc(p.comm)}, rank {esc(p.rank)}, world {esc(p.world)}; harness stream "
-            f"&lt;- {esc(p.main_stream)}{'; side streams ' + esc(', '.join(p.side_streams)) if p.side_streams else ''}"
-            f"</div><div>sizes: {sizes or 'none'}</div><table><tr><th>buffer</th><th>role</th><th>dtype</th>"
-            f"<th>elements per rank</th></tr>{rows}</table>{'<ul>' + notes + '</ul>' if notes else ''}")
+    what = "the loop at" if p.step_kind == "loop" else "the statements at"
+    via = f" (main() calls it at line(s) {', '.join(map(str, p.call_lines))})" if p.call_lines else ""
+    items = ([f"<li><b>TODO</b>: {esc(t)}</li>" for t in p.todo]
+             + [f"<li>left out: L{x.line} <code>{esc(x.code)}</code> ({esc(x.why)})</li>" for x in p.left_out]
+             + [f"<li>{esc(n)}</li>" for n in p.notes])
+    return (f"<div><b>{esc(p.program)}</b> -> workload <b>{esc(p.name)}</b>; step: {what} lines {p.step_start}-"
+            f"{p.step_end} of {esc(p.step_function)}(){esc(via)}; communicator {esc(p.comm)}, rank "
+            f"{esc(p.rank or '-')}, world {esc(p.world or '-')}; harness stream &lt;- {esc(p.main_stream)}"
+            f"{'; side streams ' + esc(', '.join(p.side_streams)) if p.side_streams else ''}</div>"
+            f"<div>sizes: {sizes or 'none'}</div><table><tr><th>buffer</th><th>role</th><th>dtype</th>"
+            f"<th>elements per rank</th></tr>{rows}</table>{'<ul>' + ''.join(items) + '</ul>' if items else ''}")
 
 
 class PlanForm(W.VBox):
@@ -58,6 +64,9 @@ class PlanForm(W.VBox):
         """Use `text` (the plan's JSON) if it is consistent; show what is wrong otherwise."""
         try:
             self.session.set_plan(text)
+        except InconsistentPlan as exc:
+            self.problems.value = self._problems_html([one_line(p) for p in exc.problems])
+            return False
         except BadInput as exc:
             self.problems.value = self._problems_html([one_line(exc)])
             return False

@@ -102,6 +102,11 @@ def run(args: argparse.Namespace) -> int:
                             manual=bool(getattr(args, "manual", False)))
     try:
         fp = FastPath(seed, workload, client, evaluator, store, config, seed_name=Path(args.seed).name)
+        if fp.seed_blocks:
+            # the mapping of the seed's own blocks (CUCo's unnamed ones get block_<n>), before they are set aside
+            print(clean(f"{fp.block_names or 'the seed has EVOLVE blocks'}; the stages work on the code without "
+                        "them and the annotate step places the result's blocks"),
+                  file=sys.stderr if args.json else sys.stdout)
         res = run_manual(fp, sys.stdin, sys.stderr) if config.manual else fp.run()
     finally:
         if evaluator is not None:

@@ -1,12 +1,15 @@
 """`cuco init PROGRAM.cu --workload DIR [--plan PLAN.json] [--plan-only] [--name NAME] [--force] [--llm [LLM
 flags]]`: import a host-driven CUDA + NCCL program as a workload folder (docs/your_kernel.md).
 
-The plan (tensors, scratch, sizes, the per-step loop) is printed first. `--plan-only` writes just the plan
-(DIR/cuco_plan.json) so it can be corrected; `--plan FILE` (or a plan already in DIR) is then used instead of
-the analysis. The folder gets the plan, the original program, the deterministic seed in the candidate ABI and
-workload.py with TODO places for the torch reference; `cuco check-workload DIR` lists what is left. `--llm` then
-asks an LLM for the port and the reference, each shown with its checks for a decision on the terminal
-(commands/import_review.py). Exit code 0, or 2 for bad input (one line).
+The plan (tensors, scratch, sizes, where the step is, what it leaves out) is printed first. It is always written
+to DIR/cuco_plan.json when it comes from the analysis; `--plan FILE` (or a plan already in DIR) is used instead
+of the analysis. What the analysis could not decide is in the plan's `todo`: while anything is open or
+inconsistent, every problem is printed (one line each) and nothing else is written (exit 2); correct the plan and
+run cuco init again. `--plan-only` stops after the plan. The folder gets the plan, the original program, the
+deterministic seed in the candidate ABI and workload.py, whose oracle is the seed until a torch reference is
+approved; `cuco check-workload DIR` lists what is left. `--llm` then asks an LLM for the port and the reference,
+each shown with its checks for a decision on the terminal (commands/import_review.py). Exit code 0, or 2 for bad
+input (a program with no NCCL call is refused in one line).
 """
 from __future__ import annotations
 
@@ -23,12 +26,12 @@ from cuco_kit.commands.llm_options import (
     llm_config,
 )
 from cuco_kit.errors import BadInput
-from cuco_kit.importer.plan import ImportPlan, require_consistent
+from cuco_kit.importer.plan import ImportPlan, check_plan
 from cuco_kit.importer.session import ImportSession
 from cuco_kit.importer.workload_writer import PLAN_FILE
 from cuco_kit.llm import Ledger, LedgeredClient, OpenAICompatibleClient
 from cuco_kit.source_file import MAX_JSON_BYTES, read_text
-from cuco_kit.terminal import clean
+from cuco_kit.terminal import clean, one_line
 
 HELP = "import a host-driven CUDA + NCCL program as a workload folder"
 
@@ -48,15 +51,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def plan_summary(plan: ImportPlan) -> str:
+    what = "the loop at" if plan.step_kind == "loop" else "the statements at"
+    via = f" (main() calls it at line(s) {', '.join(map(str, plan.call_lines))})" if plan.call_lines else ""
     lines = [f"plan for {plan.program} -> workload {plan.name!r}",
-             f"  step: main() lines {plan.step_start}-{plan.step_end}; communicator {plan.comm}, rank {plan.rank}, "
-             f"world {plan.world}; harness stream <- {plan.main_stream}"
-             + (f"; side streams {', '.join(plan.side_streams)}" if plan.side_streams else ""),
+             f"  step: {what} lines {plan.step_start}-{plan.step_end} of {plan.step_function}(){via}; communicator "
+             f"{plan.comm}, rank {plan.rank or '-'}, world {plan.world or '-'}; harness stream <- {plan.main_stream}"
+             + (f"; side streams {', '.join(plan.side_streams)}" if plan.side_streams else "")
+             + (f"; one process drives {plan.devices} devices: the seed runs one per rank" if plan.devices else ""),
              "  sizes: " + (", ".join(f"{k}={v}" + (" (fixed)" if k in plan.fixed_sizes else "")
-                                      for k, v in plan.sizes.items()) or "none")]
+                                      for k, v in plan.sizes.items()) or "none")
+             + (f"; runs on {plan.worlds} rank(s)" if plan.worlds else "")]
     for b in plan.buffers:
         lines.append(f"  {b.role:8s} {b.name}: {b.dtype}[{b.count}]")
+    lines += [f"  left out: L{x.line} {x.code} ({x.why})" for x in plan.left_out]
     lines += [f"  note: {n}" for n in plan.notes]
+    lines += [f"  TODO: {t}" for t in plan.todo]
     return clean("\n".join(lines))
 
 
@@ -98,12 +107,19 @@ def run(args: argparse.Namespace) -> int:
     if plan_path is not None:
         print(f"using the plan in {plan_path}")
     print(plan_summary(session.plan))
+    problems = check_plan(session.plan, session.code)
     try:
-        if args.plan_only:
-            require_consistent(session.plan, session.code)
-            d.mkdir(parents=True, exist_ok=True)
-            print(f"wrote {session.plan.save(d / PLAN_FILE)}; correct it, then run: cuco init {args.program} "
-                  f"--workload {d}")
+        if args.plan_only or problems:
+            if plan_path != d / PLAN_FILE:
+                d.mkdir(parents=True, exist_ok=True)
+                print(f"wrote {session.plan.save(d / PLAN_FILE)}")
+            for p in problems:
+                print(f"cuco init: {one_line(p)}", file=sys.stderr)
+            if problems:
+                print(f"cuco init: {len(problems)} problem(s) in the plan: correct {d / PLAN_FILE}, then run cuco "
+                      f"init {args.program} --workload {d} again", file=sys.stderr)
+                return 2
+            print(f"correct it if needed, then run: cuco init {args.program} --workload {d}")
             return 0
         session.write(overwrite=args.force)
     except OSError as exc:

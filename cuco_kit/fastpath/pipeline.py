@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuco_kit import markers
 from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Level, Verdict, checked_against
@@ -208,7 +209,11 @@ class FastPath:
         self.ledger = self.llm.ledger
         self.report: AnalysisReport | None = None
         self.outcomes: dict[str, StageOutcome] = {}
-        self.current_code = seed_code
+        # A seed that carries EVOLVE markers (CUCo's unnamed ones are named block_<n>): the stages rewrite the code
+        # without them (their outputs may not have markers) and the annotate step places the result's blocks.
+        self.seed_blocks = markers.blocks(seed_code)
+        self.block_names = markers.naming_note(self.seed_blocks)
+        self.current_code = markers.strip_markers(seed_code) if self.seed_blocks else seed_code
         self.pending: Attempt | None = None
         self._gen: Generator[Attempt, _Decision, Any] | None = None
         self._gpu: bool | None = self.config.gpu

@@ -19,8 +19,9 @@ from typing import Any
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import build, for_workload
 from cuco_kit.importer.check import WorkloadCheck, check_workload, reference_problems
-from cuco_kit.importer.plan import ImportPlan, make_plan, require_consistent
-from cuco_kit.importer.seed_writer import write_seed
+from cuco_kit.importer.derive import make_plan
+from cuco_kit.importer.plan import ImportPlan, require_consistent
+from cuco_kit.importer.seed_writer import own_headers, write_seed
 from cuco_kit.importer.workload_writer import (
     ORIGINAL_FILE,
     PLAN_FILE,
@@ -64,6 +65,7 @@ class ImportSession:
         self.llm = llm
         self._builder = builder
         self.plan = plan if plan is not None else make_plan(self.code, self.program_path.name, name)
+        self.headers = own_headers(self.program_path, self.code)  # inlined into the seed
         self.notes: list[str] = []
 
     # -- the plan -----------------------------------------------------------------------------------------
@@ -77,17 +79,18 @@ class ImportSession:
     @property
     def skeleton(self) -> str:
         """The deterministic port of the program under the current plan."""
-        return write_seed(self.plan, self.code)
+        return write_seed(self.plan, self.code, self.headers)
 
     # -- the folder ---------------------------------------------------------------------------------------
     def write(self, *, overwrite: bool = False) -> Path:
-        """Write the folder: the plan, the original, the deterministic seed and workload.py (reference stub)."""
-        require_consistent(self.plan, self.code)
+        """Write the folder: the plan, the original, the deterministic seed and workload.py (reference stub). A
+        plan with problems is written alone (to correct it) and InconsistentPlan lists them all."""
         d = self.directory
         if (d / "workload.py").exists() and not overwrite:
             raise BadInput(f"{d} already holds a workload.py; pass --force (overwrite=True) to replace it")
         d.mkdir(parents=True, exist_ok=True)
         self.plan.save(d / PLAN_FILE)
+        require_consistent(self.plan, self.code)
         (d / ORIGINAL_FILE).write_text(self.code, encoding="utf-8")
         (d / SEED_FILE).write_text(self.skeleton, encoding="utf-8")
         (d / "workload.py").write_text(write_workload(self.plan), encoding="utf-8")
@@ -167,7 +170,7 @@ class ImportSession:
         tensors = "\n".join(f"- {b.name}: {b.role}, {b.dtype}, {b.count}" for b in self.plan.tensors())
         hist = f"\nA person's note on the previous answer: {note}\n" if note else ""
         user = render("import_reference", tensors=tensors, program=self.code, step_start=self.plan.step_start,
-                      step_end=self.plan.step_end, history=hist)
+                      step_end=self.plan.step_end, step_function=self.plan.step_function, history=hist)
         answer, model, fixture = self._ask(llm, user, "import.reference")
         blocks = _PYTHON_BLOCK.findall(answer)
         if not blocks:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+from collections.abc import Callable, Mapping
 
 from cuco_kit.cuda_parse import Node, node_text, parse, walk
 
@@ -81,6 +82,73 @@ def _tr(n: Node, names: dict[str, str]) -> str:
             raise Untranslatable(f"operator {op_text!r} in {node_text(n)!r}")
         return f"{_tr(left, names)} {_OPS[op_text]} {_tr(right, names)}"
     raise Untranslatable(f"{node_text(n)!r} ({t})")
+
+
+_C_OPS: dict[str, Callable[[int, int], int]] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "<<": operator.lshift, ">>": operator.rshift,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor,
+    "==": lambda a, b: int(a == b), "!=": lambda a, b: int(a != b), "<": lambda a, b: int(a < b),
+    ">": lambda a, b: int(a > b), "<=": lambda a, b: int(a <= b), ">=": lambda a, b: int(a >= b),
+    "&&": lambda a, b: int(bool(a) and bool(b)), "||": lambda a, b: int(bool(a) or bool(b)),
+}
+
+
+def c_value(node: Node, names: Mapping[str, int]) -> int:
+    """The value of a C integer expression (a syntax node): literals, `names`, casts, sizeof of known types,
+    arithmetic, comparisons, logic and `?:`. Untranslatable for anything else."""
+    t = node.type
+    if t == "number_literal":
+        return _literal(node_text(node))
+    if t in ("identifier", "type_identifier"):
+        name = node_text(node)
+        if name not in names:
+            raise Untranslatable(f"'{name}' has no known value")
+        return int(names[name])
+    if t in ("parenthesized_expression", "preproc_arg"):
+        inner = [c for c in node.children if c.is_named]
+        if len(inner) != 1:
+            raise Untranslatable(f"{node_text(node)!r}")
+        return c_value(inner[0], names)
+    if t == "cast_expression":
+        value = node.child_by_field_name("value")
+        if value is None:
+            raise Untranslatable(f"{node_text(node)!r}")
+        return c_value(value, names)
+    if t == "sizeof_expression":
+        return int(_tr(node, {}))
+    if t == "unary_expression":
+        arg = node.child_by_field_name("argument")
+        op = node.child_by_field_name("operator")
+        if arg is None or op is None or node_text(op) not in ("-", "+", "!", "~"):
+            raise Untranslatable(f"{node_text(node)!r}")
+        v = c_value(arg, names)
+        return {"-": -v, "+": v, "!": int(not v), "~": ~v}[node_text(op)]
+    if t == "conditional_expression":
+        cond, yes, no = (node.child_by_field_name(f) for f in ("condition", "consequence", "alternative"))
+        if cond is None or yes is None or no is None:
+            raise Untranslatable(f"{node_text(node)!r}")
+        return c_value(yes if c_value(cond, names) else no, names)
+    if t == "binary_expression":
+        left, right = node.child_by_field_name("left"), node.child_by_field_name("right")
+        op = node.child_by_field_name("operator")
+        op_text = node_text(op) if op is not None else ""
+        if left is None or right is None:
+            raise Untranslatable(f"{node_text(node)!r}")
+        a, b = c_value(left, names), c_value(right, names)
+        if op_text in ("/", "%"):
+            if b == 0:
+                raise Untranslatable(f"{node_text(node)!r} divides by zero")
+            q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)  # C truncates toward zero
+            return q if op_text == "/" else a - q * b
+        if op_text not in _C_OPS:
+            raise Untranslatable(f"operator {op_text!r} in {node_text(node)!r}")
+        return _C_OPS[op_text](a, b)
+    raise Untranslatable(f"{node_text(node)!r} ({t})")
+
+
+def expression(text: str) -> Node:
+    """`text` parsed as one C expression."""
+    return _expression(text)
 
 
 def element_count(bytes_text: str, ctype: str) -> str:

@@ -1,15 +1,19 @@
-"""``workload.py`` for an imported program: tensor specs and size presets from the plan, and the torch reference.
+"""``workload.py`` for an imported program: tensor specs and size presets from the plan, the oracle, and the
+torch reference.
 
 The reference defines correctness, so cuco init never writes one it made up: until a person approves a draft
-(their own, or an LLM's that they reviewed), the reference block is a stub that raises with a
-``TODO(cuco init)`` line, and `cuco check-workload` reports it. An approved block replaces the stub; it holds the
-function ``reference(inputs, params, world)`` and ``TOLERANCE``.
+(their own, or an LLM's that they reviewed), the reference block is a stub with a ``TODO(cuco init)`` line and
+the workload's oracle is the seed (differential verification: a candidate is compared with the seed's outputs on
+the same inputs). Its tolerance is derived from the output dtypes and the reduction lengths of the plan
+(`seed_tolerance`), with a comment saying how, and a TODO to confirm it. An approved block replaces the stub and
+makes the reference the oracle; it holds ``reference(inputs, params, world)`` and ``TOLERANCE``.
 """
 from __future__ import annotations
 
+import math
 import re
 
-from cuco_kit.importer.plan import ImportPlan
+from cuco_kit.importer.plan import BufferPlan, ImportPlan
 from cuco_kit.importer.seed_writer import TODO
 
 SEED_FILE = "seed_nccl.cu"
@@ -17,21 +21,39 @@ PLAN_FILE = "cuco_plan.json"
 ORIGINAL_FILE = "original.cu"
 REFERENCE_START = "# --- reference: defines correctness; approved by a person ---"
 REFERENCE_END = "# --- end of reference ---"
-# A tolerance to start from per output dtype (relative L2 error); the approved reference block sets the real one.
-START_TOLERANCE = {"f32": 1e-4, "f16": 5e-3, "bf16": 2e-2, "fp8_e4m3": 1e-1, "i32": 0.0, "i64": 0.0, "u8": 0.0}
+# The seed serves both backends: host NCCL, under `symm` through that backend's host-NCCL layer.
+SEEDS = {"nccl": SEED_FILE, "symm": SEED_FILE}
+# Rounding unit (2^-mantissa bits) of the float dtypes, and how many of them a reordered sum may differ by per
+# term summed (in the root of the count of terms).
+EPSILON = {"f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7, "fp8_e4m3": 2.0**-3}
+ULPS = 4
 
 STUB = f'''def reference(inputs: Sequence[Mapping[str, Any]], params: Params, world: int) -> list[dict[str, Any]]:
-    # {TODO}: write the torch reference: given every rank's inputs (inputs[r][name]), return every rank's
-    # expected outputs ({{name: tensor}} per rank). Import torch inside the function; it must run on the CPU.
-    raise NotImplementedError("{TODO}: the torch reference in workload.py is not written yet")
+    # {TODO}: the torch reference: given every rank's inputs (inputs[r][name]), return every rank's expected
+    # outputs ({{name: tensor}} per rank); import torch inside the function, it must run on the CPU. Until one is
+    # approved, verification compares a candidate with the seed's outputs (oracle="seed").
+    raise NotImplementedError("no torch reference yet: cuco init --llm, notebook 06, or write it here")
 
 
-TOLERANCE = Tolerance(rel=%s)  # {TODO}: derive it from the dtypes and the reduction lengths'''
+%s
+TOLERANCE = Tolerance(rel=%r)  # {TODO}: confirm it (derived as the comment above says)'''
 
 
-def tolerance_for(plan: ImportPlan) -> float:
-    outs = [b.dtype for b in plan.tensors() if b.role in ("output", "inout")]
-    return max((START_TOLERANCE.get(d, 1e-2) for d in outs), default=1e-2)
+def seed_tolerance(plan: ImportPlan) -> tuple[float, str]:
+    """The relative tolerance for the seed as oracle, and how it was derived (comment lines). A candidate that
+    reorders a sum differs from the seed by a few rounding units per term, growing as the root of the terms: in
+    the output dtype for a reducing collective over the ranks, in f32 for what a kernel accumulates. Integer
+    outputs (data movement, integer sums) are exact."""
+    outs = sorted({b.dtype for b in plan.tensors() if b.role in ("output", "inout")})
+    floats = [d for d in outs if d in EPSILON]
+    if not floats:
+        return 0.0, f"# derived for the seed as oracle: the outputs are integers ({', '.join(outs)}): exact"
+    ranks, terms = plan.summed_terms["collective"], plan.summed_terms["kernel"]
+    worst = max(floats, key=lambda d: EPSILON[d])
+    rel = ULPS * (EPSILON[worst] * math.sqrt(ranks) + EPSILON["f32"] * math.sqrt(terms))
+    return float(f"{rel:.3g}"), (
+        f"# derived for the seed as oracle: {ULPS} rounding units x (sqrt({ranks}) ranks a collective sums in "
+        f"{worst}\n# + sqrt({terms}) terms a step kernel sums in f32), the plan's summed_terms")
 
 
 def reference_block(text: str) -> str:
@@ -46,12 +68,34 @@ def current_reference(workload_py: str) -> str:
 
 
 def write_workload(plan: ImportPlan, reference: str | None = None) -> str:
-    """The text of workload.py. `reference`: an approved reference block body, else the TODO stub."""
-    body = reference if reference is not None else STUB % repr(tolerance_for(plan))
-    tensors = "\n".join(f'        TensorSpec("{b.name}", "{b.role}", "{b.dtype}", '
-                        f"shape=lambda p, w: ({plan.count_python(b)},)),  # {b.ctype}[{b.count}]"
-                        for b in plan.tensors())
+    """The text of workload.py. `reference`: an approved reference block body (the reference is then the
+    oracle), else the TODO stub (the seed is the oracle)."""
+    if reference is None:
+        rel, how = seed_tolerance(plan)
+        body = STUB % (how, rel)
+    else:
+        body = reference
+    oracle = "seed" if reference is None else "reference"
+
+    def shape(b: BufferPlan) -> str:
+        count = plan.count_python(b)
+        return f"_on(w, {count})" if plan.worlds else f"({count},)"
+
+    tensors = "\n".join(f'        TensorSpec("{b.name}", "{b.role}", "{b.dtype}", shape=lambda p, w: {shape(b)}),  '
+                        f"# {b.ctype}[{b.count}]" for b in plan.tensors())
     presets = {"small": plan.small_sizes(), "default": dict(plan.sizes)}
+    worlds = "" if not plan.worlds else f'''
+WORLDS = {tuple(plan.worlds)!r}  # the world sizes {plan.program} runs on (it refuses the others)
+
+
+def _on(w: int, n: int) -> tuple[int]:
+    """(n,): a flat tensor of n elements, on a world size the program runs on (BadInput on the others)."""
+    if w not in WORLDS:
+        raise BadInput(f"{plan.name} runs on {{', '.join(map(str, WORLDS))}} rank(s) only, not {{w}}")
+    return (n,)
+
+'''
+    errors = "\nfrom cuco_kit.errors import BadInput" if plan.worlds else ""
     return f'''"""{plan.name}: a workload imported by `cuco init` from {plan.program}.
 
 {plan.description}. The plan cuco init read is {PLAN_FILE} (edit it and run `cuco init` again to change the
@@ -63,9 +107,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
+{errors}
 from cuco_kit.workload import Params, TensorSpec, Tolerance, Workload
-
+{worlds}
 {reference_block(body)}
 
 
@@ -79,7 +123,8 @@ WORKLOAD = Workload(
     ],
     reference=reference,
     tolerance=TOLERANCE,
-    seeds={{"nccl": {SEED_FILE!r}}},
+    seeds={SEEDS!r},
     size_presets={presets!r},  # small: for 2-4 ranks on one GPU
+    oracle={oracle!r},  # "seed": a candidate is checked against the seed's outputs until a reference is approved
 )
 '''

@@ -278,7 +278,7 @@ CASES: dict[str, Case] = {
     "plan: not JSON": Case(lambda d: plan(d, "{version: 1"), "not JSON"),
     "plan: a JSON list": Case(lambda d: plan(d, "[1, 2]"), "expected a JSON object"),
     "plan: wrong version": Case(lambda d: plan(d, '{"version": 99}'), "plan version 99"),
-    "plan: unknown field": Case(lambda d: plan(d, '{"version": 1, "colour": "red"}'), "unknown field(s) colour"),
+    "plan: unknown field": Case(lambda d: plan(d, '{"version": 2, "colour": "red"}'), "unknown field(s) colour"),
     "plan: nested too deeply": Case(lambda d: plan(d, DEEP_JSON), "plan"),
     "plan: a folder": Case(lambda d: ["init", str(PROGRAM), "--workload", str(d / "out"), "--plan", str(d)],
                            "not a regular file"),

@@ -65,12 +65,29 @@ def test_empty_block_and_indented_markers():
     ("int v; // EVOLVE-BLOCK-START x\n// EVOLVE-BLOCK-END\n", r"line 1: .* must be alone on its line"),
     ("// EVOLVE-BLOCK-START x\nint v; // EVOLVE-BLOCK-END\n", r"line 2: .* must be alone on its line"),
     ("// EVOLVE-BLOCK-START x y\n// EVOLVE-BLOCK-END\n", r"line 1: .* must be alone on its line"),
-    ("// EVOLVE-BLOCK-START\n// EVOLVE-BLOCK-END\n", r"line 1: EVOLVE-BLOCK-START without a block name"),
+    ("// EVOLVE-BLOCK-START\n// EVOLVE-BLOCK-END\n// EVOLVE-BLOCK-START block_1\n// EVOLVE-BLOCK-END\n",
+     r"line 3: block name 'block_1' is used twice \(first at line 1\)"),
+    ("// EVOLVE-BLOCK-START\n// EVOLVE-BLOCK-START\n", r"line 2: block 'block_2' \(unnamed\) starts inside block"),
     ("// EVOLVE-BLOCK-START 9lives\n// EVOLVE-BLOCK-END\n", r"line 1: block name '9lives' is not an identifier"),
 ])
 def test_malformed_markers_are_rejected_with_the_line(code, pattern):
     with pytest.raises(B.MarkerError, match=pattern):
         B.blocks(code)
+
+
+def test_unnamed_blocks_in_cucos_style_are_named_by_their_place():
+    # CUCo's and ShinkaEvolve's seeds mark their mutable regions without names
+    code = ("#include <nccl.h>\n// EVOLVE-BLOCK-START\n__global__ void k(float* x) { x[0] = 1.f; }\n"
+            "// EVOLVE-BLOCK-END\nint helper() { return 2; }\n// EVOLVE-BLOCK-START tuning\nconstexpr int kT = 4;\n"
+            "// EVOLVE-BLOCK-END\n// EVOLVE-BLOCK-START\nvoid run() {}\n// EVOLVE-BLOCK-END\n")
+    found = B.blocks(code)
+    assert [(b.name, b.start_line, b.end_line, b.auto_named) for b in found] == [
+        ("block_1", 2, 4, True), ("tuning", 6, 8, False), ("block_3", 9, 11, True)]
+    assert [b.name for b in B.auto_named(found)] == ["block_1", "block_3"]
+    assert B.naming_note(found) == ("unnamed EVOLVE blocks named by their place in the file: block_1 = lines 2-4, "
+                                    "block_3 = lines 9-11")
+    assert B.naming_note([b for b in found if not b.auto_named]) is None
+    assert B.strip_markers(code).count("EVOLVE") == 0 and B.frozen_hash(code)  # read like any other markers
 
 
 def test_marker_error_is_bad_input():

@@ -46,7 +46,9 @@ def test_plan_form_and_draft_review(tmp_path):
     form = PlanForm(session)
     bad = json.loads(session.plan.to_json())
     bad["buffers"][3]["role"] = "scratch"
-    assert not form.apply_text(json.dumps(bad)) and "no buffer is an output" in form.problems.value
+    bad["todo"] = ["which loop is the step"]
+    assert not form.apply_text(json.dumps(bad))  # every problem is listed, not the first with a count
+    assert "no buffer is an output" in form.problems.value and "TODO: which loop is the step" in form.problems.value
     assert session.plan.buffers[3].role == "output"  # the refused plan was not taken
     session.write()
     review = DraftReview(session, "port")
