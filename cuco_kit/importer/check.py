@@ -87,6 +87,14 @@ def cpu_inputs(wl: Workload, params: dict[str, int], world: int, seed: int = 0) 
     return out
 
 
+def reference_worlds(plan: ImportPlan | None) -> list[int]:
+    """The world sizes a reference is tried on: 1 and 2 ranks, or those of them the program runs on, or else the
+    smallest world it runs on (a program that refuses other world sizes says so in its plan)."""
+    if plan is None or not plan.worlds:
+        return list(WORLDS)
+    return [w for w in WORLDS if w in plan.worlds] or [min(plan.worlds)]
+
+
 def reference_problems(wl: Workload, params: dict[str, int], world: int) -> list[str]:
     """What is wrong with the reference's answer at `params` on `world` ranks (empty: nothing)."""
     import torch
@@ -191,9 +199,7 @@ def check_workload(directory: str | Path, *, compile_seed: bool = True,
             plan = ImportPlan.load(plan_path)
         except BadInput as exc:
             add(Finding("error", PLAN_FILE, str(exc)))
-    worlds = [w for w in WORLDS if plan is None or not plan.worlds or w in plan.worlds] or \
-        ([min(plan.worlds)] if plan is not None and plan.worlds else [])
-    for world in worlds:
+    for world in reference_worlds(plan):
         try:
             params = wl.check(small, world)
         except BadInput as exc:

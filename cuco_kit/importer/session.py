@@ -18,7 +18,7 @@ from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import build, for_workload
-from cuco_kit.importer.check import WorkloadCheck, check_workload, reference_problems
+from cuco_kit.importer.check import WorkloadCheck, check_workload, reference_problems, reference_worlds
 from cuco_kit.importer.derive import make_plan
 from cuco_kit.importer.plan import ImportPlan, require_consistent
 from cuco_kit.importer.seed_writer import own_headers, write_seed
@@ -161,7 +161,7 @@ class ImportSession:
                 return [str(exc)]
             params = wl.resolve(wl.size_presets.get("small", {}))
             out = []
-            for world in (1, 2):
+            for world in reference_worlds(self.plan):
                 out += reference_problems(wl, params, world)
             return out
 

@@ -242,3 +242,14 @@ def test_an_approved_reference_makes_the_reference_the_oracle(tmp_path):
     report = check_workload(d, compile_seed=False)
     assert report.ok, report.text()
     assert "reference on 2 rank(s): runs on the CPU" in report.text()
+
+
+def test_a_reference_is_tried_on_the_world_sizes_the_program_runs_on() -> None:
+    from types import SimpleNamespace
+
+    from cuco_kit.importer.check import reference_worlds
+
+    assert reference_worlds(None) == [1, 2]
+    assert reference_worlds(SimpleNamespace(worlds=[])) == [1, 2]
+    assert reference_worlds(SimpleNamespace(worlds=[2])) == [2]  # e.g. a program that routes to one expert a rank
+    assert reference_worlds(SimpleNamespace(worlds=[4, 8])) == [4]
