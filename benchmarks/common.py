@@ -129,7 +129,7 @@ class SampleBench:
         """Every source for every backend this run uses, in parallel (nvcc is the slow part of a cold run)."""
         backends = sorted({WORLD_BACKEND[w] for w in self.worlds})
         jobs = [(c, b) for _, c in self.variants for b in backends]
-        jobs += [(c, b) for n, c in self.seeds.items() for b in backends if b == "nccl" or n != "seed_nccl.cu"]
+        jobs += [(c, b) for c in self.seeds.values() for b in backends]
         jobs += list(extra)
         t0 = time.monotonic()
         with cf.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 4)) as pool:
@@ -179,10 +179,9 @@ class SampleBench:
         return [x for x in labels if x in wanted]
 
     def sources(self, world: int) -> list[tuple[str, str]]:
-        """(name, code) of what runs at `world`: the seeds, then every variant. Under symm the host-NCCL seed is
-        left out (host NCCL cannot run between ranks sharing one GPU)."""
-        seeds = [(n, c) for n, c in self.seeds.items() if WORLD_BACKEND[world] == "nccl" or n != "seed_nccl.cu"]
-        return seeds + [(short(kv), code) for kv, code in self.variants]
+        """(name, code) of what runs at `world`: both seeds (under symm the host-NCCL seed runs through
+        runtime/symm_nccl/nccl.h), then every variant."""
+        return list(self.seeds.items()) + [(short(kv), code) for kv, code in self.variants]
 
     def l2(self, presets: Iterable[str]) -> None:
         """L2 (several fresh-input trials) of both seeds and every variant at every world size and preset
