@@ -129,7 +129,7 @@ def test_correct_rewrites_reach_an_annotated_candidate_and_say_l2_was_not_evalua
     assert NO_GPU in res.message
     assert [o.status for o in res.outcomes.values()] == ["passed_l1", "passed_l1", "passed"]
     assert res.code == ANNOTATED and markers.strip_markers(res.code) == STAGE_B
-    # Stage A keeps host NCCL: nccl only; Stage B builds for both backends.
+    # This Stage A answer names `// cuco: backends=nccl`; Stage B builds for both backends.
     assert [b for b, c in builder.calls] == ["nccl", "nccl", "symm"]
     a = res.outcomes["A"].attempts[0]
     assert a.fixture and a.llm_model == "fixture-stage-a" and "+#include \"cuco_lsa.h\"" in a.diff
