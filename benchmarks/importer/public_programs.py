@@ -38,6 +38,7 @@ DEFAULT_CORRECTIONS = HERE / "plan_corrections.json"
 PLAN_FILE = "cuco_plan.json"
 SYMM_COMPAT_HEADER = Path("cuco_kit/runtime/symm_nccl/nccl.h")
 COMMAND_TIMEOUT_S = 600.0
+REFUSED = 2  # cuco's exit code for bad input, said in one line
 TODO = "TODO(cuco init)"  # how cuco init marks what a person must still write
 # Run inside the kit under test, so its build configuration (include paths, the compat header) is the one used.
 BUILD_SNIPPET = """
@@ -110,7 +111,10 @@ def outcome(row: Row) -> tuple[str, str]:
         why = last.line if last is not None else "not run"
         if row.plan_todos and not row.corrected:
             why = f"plan needs a correction of {', '.join(row.plan_todos)}: {why}"
-        return (CONTROL if row.control else NOT_IMPORTED), why
+        refused = last is not None and last.rc == REFUSED  # a one-line refusal, not a crash or a time-out
+        if last is not None and not refused:
+            why = f"{step_cell(last)}: {why}"
+        return (CONTROL if row.control and refused else NOT_IMPORTED), why
     if row.builds.get("nccl", "").startswith("failed"):
         return NO_BUILD, row.builds["nccl"]
     if row.corrected:

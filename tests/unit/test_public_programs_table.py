@@ -40,6 +40,8 @@ def test_outcomes_follow_the_commands(pp: Any) -> None:
     assert pp.outcome(refused) == (pp.NOT_IMPORTED, "cuco init: x.cu: no loop")
     control = _row(pp, control="no collective", plan_only=pp.Step(2, "cuco init: no NCCL calls"))
     assert pp.outcome(control)[0] == pp.CONTROL
+    crashed = _row(pp, control="no collective", plan_only=pp.Step(1, "ImportError: cannot import name x"))
+    assert pp.outcome(crashed) == (pp.NOT_IMPORTED, "exit 1: ImportError: cannot import name x")
     assert pp.outcome(_imported(pp)) == (pp.NO_EDIT, "")
     assert pp.outcome(_imported(pp, corrected=["buffers", "step_end"])) == (pp.CORRECTED,
                                                                             "corrected: buffers, step_end")
