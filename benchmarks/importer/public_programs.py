@@ -40,6 +40,7 @@ SYMM_COMPAT_HEADER = Path("cuco_kit/runtime/symm_nccl/nccl.h")
 COMMAND_TIMEOUT_S = 600.0
 REFUSED = 2  # cuco's exit code for bad input, said in one line
 TODO = "TODO(cuco init)"  # how cuco init marks what a person must still write
+EXPECTED_LEFT = ("reference", "tolerance")  # what an import leaves to a person by design
 # Run inside the kit under test, so its build configuration (include paths, the compat header) is the one used.
 BUILD_SNIPPET = """
 import json, sys
@@ -52,6 +53,7 @@ print(json.dumps({"ok": r.ok, "line": "" if r.ok else (errors[0] if errors else 
 NO_EDIT = "imported with no edit"
 CORRECTED = "imported after a plan correction"
 NO_BUILD = "imported, seed does not build"
+MORE_LEFT = "imported, more than the reference left"
 NOT_IMPORTED = "not imported"
 CONTROL = "refused as expected"
 MISSING = "missing"
@@ -59,9 +61,11 @@ MISSING = "missing"
 
 @dataclass
 class Step:
-    """One command: its exit code (None: timed out or could not start) and its last meaningful output line."""
+    """One command: its exit code (None: timed out or could not start), its last meaningful output line and, when
+    it failed, the problems it listed before that line (cuco init prints each of a plan's problems on one)."""
     rc: int | None
     line: str
+    problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -108,7 +112,7 @@ def outcome(row: Row) -> tuple[str, str]:
     imported = row.imported is not None and row.imported.ok
     if not imported:
         last = row.imported if row.imported is not None else row.plan_only
-        why = last.line if last is not None else "not run"
+        why = ("; ".join(last.problems) or last.line) if last is not None else "not run"
         if row.plan_todos and not row.corrected:
             why = f"plan needs a correction of {', '.join(row.plan_todos)}: {why}"
         refused = last is not None and last.rc == REFUSED  # a one-line refusal, not a crash or a time-out
@@ -117,9 +121,11 @@ def outcome(row: Row) -> tuple[str, str]:
         return (CONTROL if row.control and refused else NOT_IMPORTED), why
     if row.builds.get("nccl", "").startswith("failed"):
         return NO_BUILD, row.builds["nccl"]
-    if row.corrected:
-        return CORRECTED, "corrected: " + ", ".join(row.corrected)
-    return NO_EDIT, ""
+    corrected = "corrected: " + ", ".join(row.corrected) if row.corrected else ""
+    more = [k for k in left_kinds(row) if k not in EXPECTED_LEFT]
+    if more:
+        return MORE_LEFT, "; ".join(([corrected] if corrected else []) + more)
+    return (CORRECTED, corrected) if corrected else (NO_EDIT, "")
 
 
 def step_cell(step: Step | None) -> str:
@@ -132,19 +138,20 @@ def left_kind(finding: str) -> str:
     """What a check-workload problem is about: the reference and the tolerance (expected to be left after an
     import) by name, anything else as it was said."""
     what, _, message = finding.partition(": ")
-    if what.startswith("reference on"):
-        return "reference"
-    if TODO in message:
-        for kind in ("tolerance", "reference"):
-            if kind in message.lower():
-                return kind
+    for kind in EXPECTED_LEFT:
+        if what.startswith(kind) or (TODO in message and kind in message.lower()):
+            return kind
     return finding
+
+
+def left_kinds(row: Row) -> list[str]:
+    return list(dict.fromkeys(left_kind(f) for f in row.left))
 
 
 def left_cell(row: Row) -> str:
     if row.imported is None or not row.imported.ok:
         return "-"
-    return "; ".join(dict.fromkeys(left_kind(f) for f in row.left)) or "nothing"
+    return "; ".join(left_kinds(row)) or "nothing"
 
 
 def cell(text: str) -> str:
@@ -169,7 +176,7 @@ def summary(rows: list[Row]) -> str:
     for r in rows:
         what = outcome(r)[0]
         counts[what] = counts.get(what, 0) + 1
-    order = (NO_EDIT, CORRECTED, NO_BUILD, NOT_IMPORTED, CONTROL, MISSING)
+    order = (NO_EDIT, CORRECTED, MORE_LEFT, NO_BUILD, NOT_IMPORTED, CONTROL, MISSING)
     return ", ".join(f"{counts[k]} {k}" for k in order if k in counts)
 
 
@@ -195,7 +202,8 @@ def run(cmd: list[str], kit: Path) -> tuple[int | None, str, str]:
 
 def cuco(kit: Path, *args: str) -> tuple[Step, str]:
     rc, out, err = run([sys.executable, "-m", "cuco_kit", *args], kit)
-    return Step(rc, last_line(err) or last_line(out)), out
+    said = [ln.strip().removeprefix(f"cuco {args[0]}: ") for ln in err.splitlines() if ln.strip()]
+    return Step(rc, last_line(err) or last_line(out), said[:-1] if rc not in (0, None) else []), out
 
 
 def build_seed(kit: Path, seed: Path, backend: str) -> str:

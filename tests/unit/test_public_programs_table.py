@@ -50,6 +50,22 @@ def test_outcomes_follow_the_commands(pp: Any) -> None:
     assert pp.outcome(broken) == (pp.NO_BUILD, broken.builds["nccl"])
 
 
+def test_a_refused_plan_gives_its_problems(pp: Any) -> None:
+    step = pp.Step(2, "cuco init: 2 problem(s) in the plan: correct it", ["no buffer is an output", "size 'n': 0"])
+    assert pp.outcome(_row(pp, plan_only=step, plan_written=True)) == (
+        pp.NOT_IMPORTED, "no buffer is an output; size 'n': 0")
+
+
+def test_an_import_that_leaves_more_than_the_reference(pp: Any) -> None:
+    row = _imported(pp, corrected=["buffers"], left=[
+        "reference: not written yet (workload.py): write reference() there",
+        "tolerance: rel=4.08e-05, derived from the output dtypes: confirm it",
+        "seed_nccl.cu:7: TODO(cuco init): the step runs on stream 's[0]'; make its work use ctx->stream"])
+    assert pp.outcome(row) == (pp.MORE_LEFT, "corrected: buffers; seed_nccl.cu:7: TODO(cuco init): the step runs "
+                                             "on stream 's[0]'; make its work use ctx->stream")
+    assert pp.outcome(_imported(pp, left=row.left[:2])) == (pp.NO_EDIT, "")
+
+
 def test_a_refused_import_names_the_plan_fields_left_to_correct(pp: Any) -> None:
     row = _row(pp, plan_only=pp.Step(2, "plan inconsistent"), plan_written=True, plan_todos=["buffers.1.count"],
                imported=pp.Step(2, "cuco init: the plan is inconsistent"))
