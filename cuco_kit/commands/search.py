@@ -192,8 +192,9 @@ def _printer(as_json: bool) -> Callable[[Event], None]:
         if event.kind == "evaluation_finished":
             extra = (f"{d['median_ms']:.4f} ms, {d['speedup']:.3f}x" if d.get("median_ms") is not None and
                      d.get("speedup") is not None else f"{d.get('reason', '')[:100]}")
+            oracle = f" (oracle: {d['oracle']})" if d.get("oracle") else ""
             line = f"eval {d['evaluation_id']} program {d['program_id']}: {d['verdict']} at " \
-                   f"{d['level_reached']} [{d['badge']}] {extra}"
+                   f"{d['level_reached']} [{d['badge']}] {extra}{oracle}"
         elif event.kind == "proposal":
             line = f"proposal {d['proposal_id']} ({d['source']}) from program {d['parent_id']}: {d['name']}"
         elif event.kind == "new_best":

@@ -786,7 +786,7 @@ class SearchEngine:
         self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
                    verdict=result.verdict, median_ms=result.median_ms if result.passed else None,
                    speedup=result.speedup if result.passed else None, badge=result.badge, reason=result.reason,
-                   flagged=result.flagged)
+                   flagged=result.flagged, oracle=result.oracle)
         if p.fitness is not None and p.source != "seed" and (self._best is None or p.fitness > self._best):
             previous = self.population.best([q for q in self.population.scored() if q.id != p.id])
             self._best = p.fitness
