@@ -24,7 +24,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.cuda_parse import Node, error_fraction, function_name, is_device_function, node_text, parse, walk
+from cuco_kit.cuda_parse import (
+    Node,
+    declarator_name,
+    error_fraction,
+    function_name,
+    is_device_function,
+    node_text,
+    parse,
+    walk,
+)
 from cuco_kit.errors import BadInput
 
 # --- what the analyzer knows about the APIs ------------------------------------------------------------------
@@ -484,21 +493,6 @@ def _kernel_syntax(call: Node) -> Node | None:
     return None
 
 
-def _declarator_name(decl: Node | None) -> str | None:
-    """Name declared by a (pointer/reference/array/init) declarator."""
-    while decl is not None:
-        if decl.type in ("identifier", "field_identifier"):
-            return node_text(decl)
-        nxt = decl.child_by_field_name("declarator")
-        if nxt is None:
-            for c in decl.named_children:
-                if c.type in ("identifier", "pointer_declarator", "reference_declarator", "array_declarator"):
-                    nxt = c
-                    break
-        decl = nxt
-    return None
-
-
 def _in_loop(node: Node, stop: Node | None) -> bool:
     n = node.parent
     while n is not None and n != stop:
@@ -537,12 +531,12 @@ class _Func:
             plist = decl.child_by_field_name("parameters")
             for p in plist.named_children if plist is not None else []:
                 if p.type in ("parameter_declaration", "optional_parameter_declaration"):
-                    self.params.append(_declarator_name(p.child_by_field_name("declarator")) or "")
+                    self.params.append(declarator_name(p.child_by_field_name("declarator")) or "")
         self.defs: dict[str, list[tuple[int, Node]]] = {}
         if self.body is not None:
             for n in walk(self.body):
                 if n.type == "init_declarator":
-                    name = _declarator_name(n.child_by_field_name("declarator"))
+                    name = declarator_name(n.child_by_field_name("declarator"))
                     value = n.child_by_field_name("value")
                     if name and value is not None:
                         self.defs.setdefault(name, []).append((n.end_byte, value))
@@ -672,7 +666,7 @@ def _out_arg(args: list[Node], i: int, scope: _Scope) -> str | None:
 def _param_info(p: Node) -> tuple[str, str, bool, bool]:
     """(name, type text, is pointer, pointee is const) of a parameter_declaration."""
     decl = p.child_by_field_name("declarator")
-    name = _declarator_name(decl) or ""
+    name = declarator_name(decl) or ""
     text = _norm(node_text(p))
     type_text = text[: text.rfind(name)].strip() if name and text.endswith(name) else text
     pointer = False
@@ -748,7 +742,7 @@ def _param_roles(func: _Func, params: list[tuple[str, str, bool, bool]]) -> list
         return [(True, not p[3]) for p in params]
     for n in walk(body):
         if n.type == "init_declarator":
-            local = _declarator_name(n.child_by_field_name("declarator"))
+            local = declarator_name(n.child_by_field_name("declarator"))
             value = n.child_by_field_name("value")
             if local and value is not None:
                 root = _lhs_base_ident(value)
@@ -777,7 +771,7 @@ def _param_roles(func: _Func, params: list[tuple[str, str, bool, bool]]) -> list
                     if op is None or node_text(op) == "=":
                         not_reads.update(_base_ident_nodes(left))
         elif n.type == "init_declarator":
-            local = _declarator_name(n.child_by_field_name("declarator"))
+            local = declarator_name(n.child_by_field_name("declarator"))
             value = n.child_by_field_name("value")
             if local in derived and value is not None:
                 not_reads.update(_base_ident_nodes(value))

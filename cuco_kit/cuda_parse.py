@@ -49,6 +49,20 @@ def walk(node: Node) -> Iterator[Node]:
         stack.extend(reversed(n.children))
 
 
+def declarator_name(decl: Node | None) -> str | None:
+    """The name a (pointer, reference, array, function, init) declarator declares."""
+    while decl is not None:
+        if decl.type in ("identifier", "field_identifier"):
+            return node_text(decl)
+        nxt = decl.child_by_field_name("declarator")
+        if nxt is None:
+            nxt = next((c for c in decl.named_children if c.type in ("identifier", "pointer_declarator",
+                                                                     "reference_declarator", "array_declarator")),
+                       None)
+        decl = nxt
+    return None
+
+
 def enclosing_function(node: Node) -> Node | None:
     """The innermost function_definition or lambda_expression that contains `node` (None at file scope)."""
     n = node.parent

@@ -34,7 +34,16 @@ from cuco_kit.analysis import (
     AnalysisReport,
     analyze,
 )
-from cuco_kit.cuda_parse import Node, callee, function_name, is_device_function, node_text, parse, walk
+from cuco_kit.cuda_parse import (
+    Node,
+    callee,
+    declarator_name,
+    function_name,
+    is_device_function,
+    node_text,
+    parse,
+    walk,
+)
 
 COMM, WORK, SETUP, SYNC, DEVICE, REPORT, HOST = "comm", "work", "setup", "sync", "device", "report", "host"
 _PRIORITY = (COMM, WORK, SETUP, SYNC, DEVICE, REPORT, HOST)
@@ -74,20 +83,6 @@ def identifiers(node: Node) -> set[str]:
     """Every name written in `node`. `type_identifier` counts: `dim3 block(TILE, TILE)` and
     `std::vector<float> v(n)` parse their arguments as types."""
     return {node_text(x) for x in walk(node) if x.type in IDENTIFIER_TYPES}
-
-
-def declarator_name(decl: Node | None) -> str | None:
-    """The name a (pointer, reference, array, function, init) declarator declares."""
-    while decl is not None:
-        if decl.type in ("identifier", "field_identifier"):
-            return node_text(decl)
-        nxt = decl.child_by_field_name("declarator")
-        if nxt is None:
-            nxt = next((c for c in decl.named_children if c.type in ("identifier", "pointer_declarator",
-                                                                     "reference_declarator", "array_declarator")),
-                       None)
-        decl = nxt
-    return None
 
 
 def normalise(text: str) -> str:
