@@ -493,7 +493,8 @@ def _kernel_syntax(call: Node) -> Node | None:
     return None
 
 
-def _in_loop(node: Node, stop: Node | None) -> bool:
+def in_loop(node: Node, stop: Node | None) -> bool:
+    """Whether a loop statement lies between `node` and `stop` (exclusive)."""
     n = node.parent
     while n is not None and n != stop:
         if n.type in _LOOPS:
@@ -933,7 +934,7 @@ class _Analyzer:
             nbytes = _text(args, 2 if name in ("cudaMemcpy", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaMemset")
                            else 4 if name.startswith("cudaMemcpyPeer") else None)
             rep.copies.append(CopyCall(name, _line(call), fname, dst, src, nbytes, _opt(args, st, scope), peer,
-                                       _in_loop(call, stop)))
+                                       in_loop(call, stop)))
         if name in _ALLOCS:
             p, b, st, kind = _ALLOCS[name]
             buf = _out_arg(args, p, scope)
@@ -968,13 +969,13 @@ class _Analyzer:
             bufs = list(dict.fromkeys(bufs))
             return CommCall(name, _line(call), _end_line(call), fname, _opt(args, st, scope), bufs, send, recv,
                             _opt(args, comm, scope), _text(args, cnt), _text(args, dt), _text(args, op),
-                            _text(args, root), None, None, _in_loop(call, stop), _wrapper(call),
+                            _text(args, root), None, None, in_loop(call, stop), _wrapper(call),
                             [_norm(node_text(a)) for a in args])
         buf = _opt(args, 0, scope)
         send, recv = (buf, None) if name == "ncclSend" else (None, buf)
         return CommCall(name, _line(call), _end_line(call), fname, _opt(args, 5, scope),
                         [buf] if buf is not None else [], send, recv, _opt(args, 4, scope), _text(args, 1),
-                        _text(args, 2), None, None, _text(args, 3), None, _in_loop(call, stop), _wrapper(call),
+                        _text(args, 2), None, None, _text(args, 3), None, in_loop(call, stop), _wrapper(call),
                         [_norm(node_text(a)) for a in args])
 
     def setup_call(self, call: Node, name: str, args: list[Node], scope: _Scope) -> SetupCall:
@@ -1017,7 +1018,7 @@ class _Analyzer:
         args = _args(call)
         reads, writes, known = self.kernel_buffers(kname, args, scope)
         return Launch(kname, _line(call), _end_line(call), fname, conf[0], conf[1], conf[2], stream,
-                      [_norm(node_text(a)) for a in args], reads, writes, targs, "<<<>>>", known, _in_loop(call, stop),
+                      [_norm(node_text(a)) for a in args], reads, writes, targs, "<<<>>>", known, in_loop(call, stop),
                       _wrapper(call))
 
     def api_launch(self, call: Node, name: str, args: list[Node], scope: _Scope) -> Launch:
@@ -1038,7 +1039,7 @@ class _Analyzer:
                 k = k.child_by_field_name("name") or k
             kname = node_text(k).split("::")[-1]
         return Launch(kname, _line(call), _end_line(call), fname, _text(args, 1), _text(args, 2), _text(args, 4),
-                      _opt(args, 5, scope), [], [], [], None, name, False, _in_loop(call, stop), _wrapper(call))
+                      _opt(args, 5, scope), [], [], [], None, name, False, in_loop(call, stop), _wrapper(call))
 
     def kernel_buffers(self, kname: str, args: list[Node], scope: _Scope) -> tuple[list[str], list[str], bool]:
         k = self.kernels.get(kname)
@@ -1072,7 +1073,7 @@ class _Analyzer:
         return BlasCall(name, _line(call), fname, handle, stream,
                         [x for x in (_opt(args, i, scope) for i in r) if x is not None],
                         [x for x in (_opt(args, i, scope) for i in w) if x is not None],
-                        _in_loop(call, stop), [_norm(node_text(a)) for a in args])
+                        in_loop(call, stop), [_norm(node_text(a)) for a in args])
 
     def assign_groups(self, rep: AnalysisReport) -> None:
         """Pair ncclGroupStart/End per function in source order; comm calls between them join the outermost."""
@@ -1093,7 +1094,7 @@ class _Analyzer:
             for _pos, name, node in events:
                 if name == "ncclGroupStart":
                     g = Group(len(rep.groups), f.name, _line(node), None, len(stack),
-                              in_loop=_in_loop(node, f.node))
+                              in_loop=in_loop(node, f.node))
                     rep.groups.append(g)
                     stack.append(g)
                 elif name == "ncclGroupEnd":

@@ -33,6 +33,7 @@ from cuco_kit.analysis import (
     SYNC_CALLS,
     AnalysisReport,
     analyze,
+    in_loop,
 )
 from cuco_kit.cuda_parse import (
     Node,
@@ -436,7 +437,7 @@ class Program:
         while True:
             body = frames[-1].body
             into = [c for c in self.calls_in(body) if self.call_kind(c) == COMM]
-            if len(into) != 1 or short_name(into[0])[1] in COMM_CALLS or _in_loop(into[0], body):
+            if len(into) != 1 or short_name(into[0])[1] in COMM_CALLS or in_loop(into[0], body):
                 return frames
             fn = self.callee_function(into[0])
             if fn is None or any(f.node == fn for f in frames):
@@ -694,15 +695,6 @@ def _is_statement(node: Node) -> bool:
     if node.type == "compound_statement" and parent.type == "function_definition":
         return False
     return node.type in _STATEMENT_TYPES
-
-
-def _in_loop(node: Node, stop: Node) -> bool:
-    n = node.parent
-    while n is not None and n != stop:
-        if n.type in LOOPS:
-            return True
-        n = n.parent
-    return False
 
 
 def _outermost_loop(node: Node, stop: Node, device_loops: list[Node]) -> Node | None:

@@ -18,8 +18,9 @@ import torch
 
 from cuco_kit.evaluate.gpu_evaluator import merge_replies
 from cuco_kit.evaluate.rank import abi
-from cuco_kit.evaluate.rank.harness import _Evaluation, kernel_rows, rel_error
+from cuco_kit.evaluate.rank.harness import OracleMissing, _Evaluation, kernel_rows, rel_error
 from cuco_kit.evaluate.stats import input_seed, iteration_stats, verified_iterations
+from cuco_kit.workload import Tolerance
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -244,8 +245,6 @@ def _oracle_eval(monkeypatch: pytest.MonkeyPatch, h: Any, role: str, key: str = 
 
 
 def _oracle_harness() -> Any:
-    from cuco_kit.workload import Tolerance
-
     def no_reference(*a: Any) -> Any:
         raise AssertionError("a seed-oracle workload's torch reference must not be called")
 
@@ -291,8 +290,6 @@ def test_a_seed_that_leaves_poison_cannot_be_the_oracle(monkeypatch) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_candidate_never_meets_another_requests_seed(monkeypatch) -> None:
-    from cuco_kit.evaluate.rank.harness import OracleMissing
-
     h = _oracle_harness()
     seed = _oracle_eval(monkeypatch, h, "seed", key="seed-a:0")
     seed._oracle_ready()

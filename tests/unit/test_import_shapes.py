@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import pytest
 
-from cuco_kit.importer.check import check_workload
+from cuco_kit.importer.check import check_workload, reference_worlds
 from cuco_kit.importer.derive import make_plan
 from cuco_kit.importer.plan import ImportPlan, check_plan
 from cuco_kit.importer.seed_writer import write_seed
@@ -245,11 +246,7 @@ def test_an_approved_reference_makes_the_reference_the_oracle(tmp_path):
 
 
 def test_a_reference_is_tried_on_the_world_sizes_the_program_runs_on() -> None:
-    from types import SimpleNamespace
-
-    from cuco_kit.importer.check import reference_worlds
-
     assert reference_worlds(None) == [1, 2]
-    assert reference_worlds(SimpleNamespace(worlds=[])) == [1, 2]
-    assert reference_worlds(SimpleNamespace(worlds=[2])) == [2]  # e.g. a program that routes to one expert a rank
-    assert reference_worlds(SimpleNamespace(worlds=[4, 8])) == [4]
+    assert reference_worlds(NS(worlds=[])) == [1, 2]
+    assert reference_worlds(NS(worlds=[2])) == [2]  # e.g. a program that routes to one expert a rank
+    assert reference_worlds(NS(worlds=[4, 8])) == [4]
