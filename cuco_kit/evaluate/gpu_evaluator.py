@@ -1,8 +1,14 @@
 """GpuEvaluator: the evaluation cascade L0 (static) -> L1 (build) -> L2 (verify) -> L3 (bench) on real GPUs.
 
 L0 and L1 run in this process (no CUDA). L2 and L3 run in warm rank workers (pool.py) that keep communicator,
-windows and the flag region between candidates; the workload's seed is re-measured in the same world with the
-same protocol for every request, so results are ratios. This process never creates a CUDA context.
+windows and the flag region between candidates; the workload's seed is measured in the same world with the same
+protocol, so results are ratios. This process never creates a CUDA context.
+
+The seed is measured once per (world, seed build, request protocol) and reused (seed_cache.py says when it is
+measured again and what that could hide); a ratio that claims something (a new best, a flagged one) has the seed
+measured again right beside it. Timed iterations stop early once the median's interval is tight (stop rule), and
+each rank keeps the torch reference's outputs per iteration (rank/reference_cache.py). Every result carries its
+phases (phase_clock.py) in ``provenance["phases"]``.
 
 At two ranks and more the candidate is also built with the stress define (build.stress_config): its L2 trials
 run on that build, whose signalling primitives pause at random (runtime/cuco_stress.h), and L3 times the plain
@@ -45,7 +51,9 @@ from cuco_kit.evaluate.build import (
 )
 from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version, git_revision
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
+from cuco_kit.evaluate.phase_clock import PhaseClock, slowest_rank
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
+from cuco_kit.evaluate.seed_cache import SeedCache, SeedPolicy
 from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats, speedup_ci
 from cuco_kit.workload import Workload, load_workload, workload_fingerprint
 
@@ -58,7 +66,7 @@ class EvaluatorConfig:
 
     cache_dir: Path = field(default_factory=lambda: Path.home() / ".cache" / "cuco" / "builds")
     scratch_root: Path | None = None  # rank working dirs and logs (default: a fresh temp dir)
-    recycle_every: int = 25  # evaluations per warm world before it is replaced
+    recycle_every: int = 100  # eval commands per warm world before it is replaced (bounds dlopen leaks)
     flag_words: int = 65536  # candidate-visible flag words per rank (the first 4096 belong to the runtime)
     flush_bytes: int = FLUSH_BYTES
     use_mps: bool = True  # symm: run ranks under MPS (started only when no daemon answers)
@@ -75,6 +83,14 @@ class EvaluatorConfig:
     start_timeout_s: float = 300.0
     request_timeout_s: float = 900.0
     run_l0: bool = True
+    # The seed: measured again after this many evaluations in its world (1 = before every evaluation, the
+    # strictest and slowest); see seed_cache.py for the drift check and the re-measure beside claimed ratios.
+    seed: SeedPolicy = field(default_factory=SeedPolicy)
+    # Stop rule for a candidate's timed iterations: after stop_min_iters, stop once the median's 95% interval is
+    # within stop_rel_ci of it on every rank (None: always request.iters). The seed is always timed in full.
+    stop_rel_ci: float | None = 0.01
+    stop_min_iters: int = 5
+    reference_cache_bytes: int = 1 << 30  # per rank: the torch reference's outputs kept between candidates
     build: BuildConfig | None = None  # None = its defaults
     # The GPUs this evaluator's ranks (and MPS daemon) see, CUDA_VISIBLE_DEVICES syntax ("2,3"); None = all.
     visible_devices: str | None = None
@@ -153,14 +169,19 @@ class GpuEvaluator:
         self._helpers: Path | None = None
         self._gpus: list[dict[str, str]] | None = None
         self.history: list[dict[str, Any]] = []  # per evaluation: seconds, warm or cold (overhead report)
+        self.seeds = SeedCache(self.cfg.seed)
+        self._clock = PhaseClock()  # the phases of the evaluation in progress (evaluate makes a fresh one)
         atexit.register(self.close)
 
     # ----------------------------------------------------------------------------------------------- public
     def evaluate(self, request: EvalRequest, progress: Progress | None = None) -> EvalResult:
         with self._lock:
             t0 = time.monotonic()
+            self._clock = PhaseClock()
             res = self._evaluate(request, progress)
             res.provenance.setdefault("eval_seconds", round(time.monotonic() - t0, 3))
+            res.provenance["phases"] = {**self._clock.rounded(), **{f"rank.{k}": round(v, 4) for k, v in
+                                                                     res.provenance.pop("_rank_phases", {}).items()}}
             return res
 
     def prebuild(self, request: EvalRequest) -> bool:
@@ -234,7 +255,8 @@ class GpuEvaluator:
         # L0
         if self.cfg.run_l0:
             _emit(progress, level="L0", rank=None, step="static", done=0, total=1)
-            ok, reasons, note = run_l0(req.candidate_code, req.parent_code)
+            with self._clock.phase("l0"):
+                ok, reasons, note = run_l0(req.candidate_code, req.parent_code)
             if note:
                 notes.append(note)
             if ok is False:
@@ -244,7 +266,8 @@ class GpuEvaluator:
         # L1
         _emit(progress, level="L1", rank=None, step="build", done=0, total=1)
         bcfg = for_workload(self.cfg.build, wl.directory)
-        with ThreadPoolExecutor(max_workers=1) as pool:  # the stress build beside the timed one
+        # the stress build beside the timed one
+        with self._clock.phase("build_wait"), ThreadPoolExecutor(max_workers=1) as pool:
             stress_job = (pool.submit(build, req.candidate_code, req.backend, stress_config(bcfg), self.cfg.cache_dir)
                           if self._wants_stress(req) and has_stress_hooks(req.candidate_code, req.backend) else None)
             b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
@@ -278,7 +301,8 @@ class GpuEvaluator:
         seed_so = None
         if req.measure_seed or wl.oracle == "seed":  # a seed-oracle workload's seed runs whatever the request says
             seed_code = wl.seed_for(req.backend).read_text()
-            sb = build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
+            with self._clock.phase("seed_build"):
+                sb = build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
             if not sb.ok:
                 logs["seed_build"] = _tail(sb.log)
                 return EvalResult("L1", "error", f"the workload's {req.backend} seed does not build: the "
@@ -372,41 +396,36 @@ class GpuEvaluator:
                     # and iterations
                     "oracle": wl.oracle, "oracle_key": f"{seed_so}:{req.seed}:{req.trials}:{req.iters}:"
                                                        f"{req.verify_every}"}
-        seed_res: EvalResult | None = None
         group_for = partial(self.pool.group, key, lambda s: self._group_spec(req, params, s), progress,
                             fingerprint=fingerprint)
+        seed_res: EvalResult | None = None
+        seed_key = json.dumps([key, str(seed_so), base_cmd["oracle_key"], req.warmup])
+        seed_cmd = dict(base_cmd, so_path=str(seed_so), role="seed", step_limit_s=self.cfg.seed_step_limit_s)
         if seed_so is not None:
-            seed_cmd = dict(base_cmd, so_path=str(seed_so), role="seed", step_limit_s=self.cfg.seed_step_limit_s)
-            sres = self._command(group, seed_cmd, progress)
-            if sres.verdict != "pass":
-                logs.update(sres.logs)
-                self._after_fault(req, notes) if sres.reason.startswith("timeout") else None
-                prov["notes"] = notes
-                what = "the oracle" if wl.oracle == "seed" else "nothing to compare against"
-                return EvalResult(sres.level_reached, "error", f"the workload's seed did not pass in this world "
-                                  f"({sres.reason}); {what}", logs=logs, provenance=prov)
-            seed_res = sres
-            starts = self.pool.starts
-            group = group_for()
-            if wl.oracle == "seed" and self.pool.starts != starts:
-                # the world restarted after the seed (it recycled itself): its recorded outputs went with it
-                notes.append("the world restarted after the seed ran; the seed ran again as the oracle")
-                seed_res = self._command(group, seed_cmd, progress)
-                if seed_res.verdict != "pass":
+            entry = self.seeds.reusable(seed_key, group)
+            if entry is not None:
+                seed_res = entry.result
+                prov["seed_measured"] = f"reused ({entry.served - 1} evaluations after its measurement in this world)"
+            else:
+                seed_res, group, failure = self._measure_seed(req, wl, group, group_for, seed_cmd, seed_key, logs,
+                                                              notes, progress)
+                if failure is not None:
                     prov["notes"] = notes
-                    return EvalResult(seed_res.level_reached, "error", f"the workload's seed (the oracle) did not "
-                                      f"pass when run again ({seed_res.reason})", logs={**logs, **seed_res.logs},
-                                      provenance=prov)
-                group = group_for()
+                    failure.provenance = {**prov, **failure.provenance}
+                    return failure
+                prov["seed_measured"] = "now, before the candidate"
         limit = self.cfg.seed_step_limit_s
         if seed_res is not None and seed_res.median_ms is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)
         cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline,
                    timeline_iters=req.timeline_iters)
+        if self.cfg.stop_rel_ci is not None:
+            cmd["stop"] = {"min_iters": self.cfg.stop_min_iters, "rel_ci": self.cfg.stop_rel_ci}
         if stress_so is not None:
             cmd["stress"] = {"so_path": str(stress_so), "max_delay_ns": int(self.cfg.stress_max_delay_us * 1000),
                              "permille": int(self.cfg.stress_permille)}
-        res = self._command(group, cmd, progress)
+        with self._clock.phase("candidate"):
+            res = self._command(group, cmd, progress)
         if res.level_reached in ("L2", "L3") and not res.reason.startswith("rank died"):
             res.oracle = wl.oracle
         res.logs = {**logs, **res.logs}
@@ -415,18 +434,56 @@ class GpuEvaluator:
         res.provenance.pop("_flags", None)
         res.provenance = {**prov, **res.provenance, "step_limit_s": round(limit, 3)}
         if seed_res is not None:
-            res.seed_median_ms = seed_res.median_ms
-            if res.verdict == "pass":
-                compare_timings(res, seed_res)
-            if res.verdict == "pass" and res.median_ms and res.seed_median_ms:
-                res.speedup = res.seed_median_ms / res.median_ms
-                res.flagged = res.speedup > FLAG_SPEEDUP
-                res.seed_iteration_ms = seed_iterations(res, seed_res)
-                res.speedup_ci = speedup_ci(res.seed_iteration_ms, res.iteration_ms, seed=req.seed)
+            score_against(res, seed_res, req.seed)
+            if (res.verdict == "pass" and prov["seed_measured"].startswith("reused")
+                    and self.seeds.claims(seed_key, res)):
+                # a claim rests on a seed measured right beside it, in the same world
+                fresh, _, failure = self._measure_seed(req, wl, group, None, seed_cmd, seed_key, logs, notes,
+                                                       progress)
+                if failure is None and fresh is not None:
+                    score_against(res, fresh, req.seed)
+                    res.provenance["seed_measured"] = ("again, right after the candidate (its ratio claimed a new "
+                                                       "best or was flagged)")
+                else:
+                    notes.append("the seed could not be measured again beside this claimed ratio; the ratio uses "
+                                 "its previous measurement")
+            self.seeds.scored(seed_key, res)
         if notes:
             res.provenance["notes"] = notes + res.provenance.get("notes", [])
         self.history.append({"label": req.label, "warm": prov["warm_workers"], "verdict": res.verdict})
         return res
+
+    def _measure_seed(self, req: EvalRequest, wl: Workload, group: Any, group_for: Any, seed_cmd: dict[str, Any],
+                      seed_key: str, logs: dict[str, str], notes: list[str],
+                      progress: Progress | None) -> tuple[EvalResult | None, Any, EvalResult | None]:
+        """Measure the seed in ``group`` and record it; returns (seed result, the group to go on with, a failure
+        result or None). ``group_for`` (None: stay in ``group``) fetches the world again afterwards: it may have
+        recycled itself, and with it a seed oracle's recorded outputs, so the seed then runs once more."""
+        with self._clock.phase("seed"):
+            sres = self._command(group, seed_cmd, progress)
+        if sres.verdict != "pass":
+            logs.update(sres.logs)
+            if sres.reason.startswith("timeout"):
+                self._after_fault(req, notes)
+            what = "the oracle" if wl.oracle == "seed" else "nothing to compare against"
+            return None, group, EvalResult(sres.level_reached, "error", f"the workload's seed did not pass in this "
+                                           f"world ({sres.reason}); {what}", logs=logs)
+        if group_for is not None:
+            starts = self.pool.starts
+            group = group_for()
+            if self.pool.starts != starts:
+                # the world restarted after the seed (it recycled itself): its recorded outputs went with it
+                notes.append("the world restarted after the seed ran; the seed ran again in the new world")
+                with self._clock.phase("seed"):
+                    sres = self._command(group, seed_cmd, progress)
+                if sres.verdict != "pass":
+                    return None, group, EvalResult(sres.level_reached, "error", f"the workload's seed did not pass "
+                                                   f"when run again ({sres.reason})", logs={**logs, **sres.logs})
+                group = group_for()
+        drift = self.seeds.store(seed_key, group, sres)
+        if drift:
+            notes.append(drift)
+        return sres, group, None
 
     def _command(self, group: Any, cmd: dict[str, Any], progress: Progress | None) -> EvalResult:
         """Run one eval command in a world and merge the ranks' replies into an EvalResult."""
@@ -469,13 +526,15 @@ def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) ->
         notes = [n for r in replies if r for n in r.get("notes", [])]
         errs: list[float] = [r["max_rel_err"] for r in replies if r and r.get("max_rel_err") is not None]
         return EvalResult(level, verdict, reason, max_rel_err=max(errs) if errs else None, logs=logs,
-                          provenance={"notes": sorted(set(notes)), "_flags": flags})
+                          provenance={"notes": sorted(set(notes)), "_flags": flags,
+                                      "_rank_phases": slowest_rank([r.get("phases") for r in replies if r])})
     ok = [r for r in replies if r is not None]
     stats = iteration_stats([r["times_ms"] for r in ok])
     errs = [r["max_rel_err"] for r in ok if r.get("max_rel_err") is not None]
     notes = sorted({n for r in ok for n in r.get("notes", [])})
     rows = [row for r in ok for row in (r.get("timeline") or [])]
-    prov: dict[str, Any] = {"notes": notes, "p10_ms": stats["p10_ms"], "p90_ms": stats["p90_ms"], "_flags": flags}
+    prov: dict[str, Any] = {"notes": notes, "p10_ms": stats["p10_ms"], "p90_ms": stats["p90_ms"], "_flags": flags,
+                            "_rank_phases": slowest_rank([r.get("phases") for r in ok])}
     l2 = [r["l2_seconds"] for r in ok if r.get("l2_seconds") is not None]
     if l2:
         prov["l2_seconds"] = max(l2)
@@ -512,6 +571,20 @@ def seed_iterations(res: EvalResult, seed: EvalResult) -> list[float] | None:
     """The seed's timed iterations in the timing that scored the candidate (after compare_timings)."""
     block = seed.timing.get(res.timing["score"]) if res.timing is not None and seed.timing is not None else None
     return block["iteration_ms"] if block else seed.iteration_ms
+
+
+def score_against(res: EvalResult, seed: EvalResult, request_seed: int) -> None:
+    """The candidate's ratio to ``seed`` and its interval, in the same timing on both sides (no-op but for the
+    seed's median unless the candidate passed)."""
+    res.seed_median_ms = seed.median_ms
+    if res.verdict != "pass":
+        return
+    compare_timings(res, seed)
+    if res.median_ms and res.seed_median_ms:
+        res.speedup = res.seed_median_ms / res.median_ms
+        res.flagged = res.speedup > FLAG_SPEEDUP
+        res.seed_iteration_ms = seed_iterations(res, seed)
+        res.speedup_ci = speedup_ci(res.seed_iteration_ms, res.iteration_ms, seed=request_seed)
 
 
 def compare_timings(res: EvalResult, seed: EvalResult) -> None:

@@ -65,6 +65,20 @@ def input_seed(seed: int, trial: int, rank: int) -> int:
 
 # ---- confidence intervals ------------------------------------------------------------------------------------
 
+
+def median_ci_halfwidth(values: Sequence[float], z: float = 1.96) -> float:
+    """Half the width of a distribution-free ~95% interval of the median: the order statistics n/2 -+ z*sqrt(n)/2
+    (the binomial's normal approximation), clamped to the sample. For 5 values it is half the range, so a stop
+    rule built on it needs every one of them close; it narrows as 1/sqrt(n). inf for fewer than 2 values."""
+    xs = sorted(float(v) for v in values)
+    n = len(xs)
+    if n < 2:
+        return math.inf
+    half = z * math.sqrt(n) / 2.0
+    lo = max(0, math.floor(n / 2.0 - half))
+    hi = min(n - 1, math.ceil(n / 2.0 + half) - 1)
+    return (xs[hi] - xs[lo]) / 2.0
+
 CI_LEVEL = 0.95  # two-sided
 BOOTSTRAP_RESAMPLES = 2000
 NO_DIFFERENCE = "no measurable difference"  # the label of a ratio whose interval contains 1.0

@@ -14,6 +14,7 @@ from cuco_kit.errors import BadInput
 from cuco_kit.evaluate import build as B
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, timing_medians
 from cuco_kit.evaluate.gpu_evaluator import compare_timings, merge_replies
+from cuco_kit.evaluate.phase_clock import PhaseClock
 from cuco_kit.evaluate.rank import harness
 from cuco_kit.evaluate.rank.harness import NO_HOLD_NOTE, _Evaluation
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
@@ -50,6 +51,7 @@ def _evaluation(steps: _Steps, *, timing: str = "device", world: int = 1, rank: 
     ev.cmd = {"so_path": "/cache/cand.so", "warmup": 2, "iters": 6, "verify_every": 3, "seed": seed, **(cmd or {})}
     ev.seed, ev.step_limit_s, ev.notes, ev.stalls, ev.holdable = seed, 1.0, [], 0, True
     ev.lib = lib
+    ev.clock = PhaseClock()
     ev._step = steps  # type: ignore[method-assign,assignment]
     return ev
 

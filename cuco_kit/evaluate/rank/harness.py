@@ -36,6 +36,7 @@ import math
 import os
 import random
 import shutil
+import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,9 +47,11 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore
 from torch.profiler import ProfilerActivity, profile
 
+from cuco_kit.evaluate.phase_clock import PhaseClock
 from cuco_kit.evaluate.rank import abi
 from cuco_kit.evaluate.rank.backends import Backend, NcclBackend, SymmBackend
-from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, verified_iterations
+from cuco_kit.evaluate.rank.reference_cache import ReferenceCache
+from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, median_ci_halfwidth, verified_iterations
 from cuco_kit.workload import DTYPES, load_workload
 
 HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag words (one per rank)
@@ -186,6 +189,8 @@ class RankHarness:
         # (so a candidate is never compared with another request's seed or inputs).
         self.oracle_key = ""
         self.oracle_outputs: dict[int, dict[str, torch.Tensor]] = {}
+        # The torch reference per (request seed, iteration): the same for every candidate this world serves
+        self.references = ReferenceCache(int(config.get("reference_cache_bytes", 1 << 30)))
         self.sm_count = torch.cuda.get_device_properties(self.dev).multi_processor_count
         torch.cuda.synchronize(self.dev)
         self._host_agree(False)
@@ -256,6 +261,7 @@ class _Evaluation:
         self.holdable = str(cmd["so_path"]) not in h.unholdable
         self.role = str(cmd.get("role", "candidate"))
         self.oracle = str(cmd.get("oracle", "reference"))
+        self.clock = PhaseClock()
 
     # ---------------------------------------------------------------------------------------------- main
     def run(self) -> dict[str, Any]:
@@ -268,21 +274,29 @@ class _Evaluation:
             t0 = time.monotonic()
             stress_so = str(stress["so_path"]) if stress else ""
             separate = bool(stress_so) and stress_so != str(self.cmd["so_path"])
+            clock = self.clock
             if separate:  # the stress build's own phase: L2 trials only
-                self._load(Path(stress_so))
+                with clock.phase("stress_load_setup"):
+                    self._load(Path(stress_so))
+                    self._setup()
+                with clock.phase("stress_trials"):
+                    self._verify_trials(stress)
+                with clock.phase("teardown"):
+                    self._teardown(reply)
+                    self._unload()
+            with clock.phase("load_setup"):
+                self._load(Path(self.cmd["so_path"]))
                 self._setup()
-                self._verify_trials(stress)
-                self._teardown(reply)
-                self._unload()
-            self._load(Path(self.cmd["so_path"]))
-            self._setup()
-            self._capture_check()
+            with clock.phase("capture"):
+                self._capture_check()
             if not separate:
-                self._verify_trials(stress)
+                with clock.phase("stress_trials" if stress else "verify_trials"):
+                    self._verify_trials(stress)
             reply["l2_seconds"] = round(time.monotonic() - t0, 4)
             reply.update(ok=True, verdict="pass", level="L3", **self._timed())
             if self.cmd.get("timeline"):
-                reply["timeline"] = self._profiled_iterations(max(1, int(self.cmd.get("timeline_iters", 1))))
+                with clock.phase("timeline"):
+                    reply["timeline"] = self._profiled_iterations(max(1, int(self.cmd.get("timeline_iters", 1))))
         except CandidateFailure as f:
             reply.update(verdict="fail", level=f.level, reason=f.reason, fatal=f.fatal)
         except OracleMissing as exc:
@@ -292,12 +306,14 @@ class _Evaluation:
             reply.update(verdict="fail" if fatal else "error", level="L2",
                          reason=f"rank {h.rank}: {type(exc).__name__}: {str(exc)[:1500]}", fatal=True)
         finally:
-            if self.live and not reply.get("fatal"):
-                try:
-                    self._teardown(reply)
-                except Exception as exc:  # noqa: BLE001 - a teardown error becomes a note of the reply
-                    reply.update(fatal=True, notes_teardown=str(exc)[:500])
-            self._unload()
+            with self.clock.phase("teardown"):
+                if self.live and not reply.get("fatal"):
+                    try:
+                        self._teardown(reply)
+                    except Exception as exc:  # noqa: BLE001 - a teardown error becomes a note of the reply
+                        reply.update(fatal=True, notes_teardown=str(exc)[:500])
+                self._unload()
+        reply["phases"] = self.clock.rounded()
         reply["max_rel_err"] = self.max_err if math.isfinite(self.max_err) else None
         reply["notes"] = self.notes
         if self.recycle:
@@ -719,12 +735,8 @@ class _Evaluation:
                 raise OracleMissing(f"rank {h.rank}: the seed recorded no outputs for {what} (trial {trial})")
             ref = h.oracle_outputs[trial]
         else:
-            all_inputs = []
-            for r in range(h.world):
-                x = inputs if r == h.rank else self._make_inputs(trial, r)
-                all_inputs.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in x.items()})
-            with torch.no_grad():
-                ref = h.workload.reference(all_inputs, h.params, h.world)[h.rank]
+            with self.clock.phase("reference"):
+                ref = self._reference(trial, inputs)
         for name, s in snap.items():
             if name not in ref:
                 return f"the {self.oracle} gave no output {name!r} for rank {h.rank}"
@@ -736,6 +748,27 @@ class _Evaluation:
                 return (f"verification failed: rank {h.rank}: output {name!r} wrong in {what}: {detail} "
                         f"(tolerance {h.workload.tolerance.rel:g})")
         return ""
+
+    def _reference(self, trial: int, inputs: dict[str, torch.Tensor]) -> Mapping[str, Any]:
+        """This rank's reference outputs of ``trial``: from the world's cache, else computed in float32 from every
+        rank's inputs regenerated from their seeds."""
+        h = self.h
+
+        def compute() -> Mapping[str, torch.Tensor]:
+            all_inputs = []
+            for r in range(h.world):
+                x = inputs if r == h.rank else self._make_inputs(trial, r)
+                all_inputs.append({k: (v.float() if v.dtype.is_floating_point else v) for k, v in x.items()})
+            with torch.no_grad():
+                out = h.workload.reference(all_inputs, h.params, h.world)[h.rank]
+            return {k: v.to(h.dev) for k, v in out.items()}
+
+        before = h.references.corrupted
+        ref = h.references.get_or_compute((self.seed, trial), compute)
+        if h.references.corrupted != before:
+            self.notes.append("a cached reference output changed in device memory since it was stored (a stray "
+                              "store?); it was recomputed")
+        return ref
 
     def _record_oracle(self, trial: int, snap: dict[str, torch.Tensor], what: str) -> str:
         """The seed is the oracle: keep what it delivered (already a copy) for the candidate's same iteration.
@@ -806,29 +839,44 @@ class _Evaluation:
 
     def _timed(self) -> dict[str, Any]:
         """Warm-up (held) and timed iterations. Each timed iteration is measured twice, held (device time) and
-        not (end to end), on the same inputs; the verified iterations are verified in the scoring timing."""
+        not (end to end), on the same inputs; the verified iterations are verified in the scoring timing.
+
+        With a stop rule in the command ({"min_iters", "rel_ci"}), timing ends before ``iters`` once every rank's
+        scoring times have a median whose distribution-free 95% interval is within ``rel_ci`` of it (stats.
+        median_ci_halfwidth), after at least ``min_iters``; all ranks agree on stopping at the same iteration."""
         h = self.h
         warmup = int(self.cmd.get("warmup", 3))
         iters = int(self.cmd.get("iters", 20))
+        rule = self.cmd.get("stop") or None
         check = set(verified_iterations(iters, int(self.cmd.get("verify_every", 3)), self.seed))
         wanted = h.workload.timing
         if not self.holdable:
             self.notes.append(NO_HOLD_NOTE)
-        for i in range(warmup):
-            h._progress("L3", "warmup", i, warmup, self.step_limit_s + 10)
-            self._device_time(1000 + i, f"warm-up {i + 1}/{warmup}", verify=False)
+        with self.clock.phase("warmup"):
+            for i in range(warmup):
+                h._progress("L3", "warmup", i, warmup, self.step_limit_s + 10)
+                self._device_time(1000 + i, f"warm-up {i + 1}/{warmup}", verify=False)
         device: list[float] = []
         e2e: list[float] = []
         for i in range(iters):
             h._progress("L3", "timed", i, iters, self.step_limit_s + 10)
             what = f"timed iteration {i + 1}/{iters}"
-            d = self._device_time(2000 + i, what, verify=i in check and wanted == "device")
+            with self.clock.phase("device_timing"):
+                d = self._device_time(2000 + i, what, verify=i in check and wanted == "device")
             if d is not None:
                 device.append(d)
-            e2e.append(self._step(trial=2000 + i, what=f"{what} (end to end)", level="L3",
-                                  verify=i in check and (wanted == "end_to_end" or d is None))[0])
+            with self.clock.phase("e2e_timing"):
+                e2e.append(self._step(trial=2000 + i, what=f"{what} (end to end)", level="L3",
+                                      verify=i in check and (wanted == "end_to_end" or d is None))[0])
+            if rule and i + 1 >= int(rule["min_iters"]) and i + 1 < iters:
+                scoring = device if wanted == "device" and len(device) == i + 1 else e2e
+                tight = median_ci_halfwidth(scoring) <= float(rule["rel_ci"]) * statistics.median(scoring)
+                if h._host_max(0 if tight else 1) == 0:
+                    self.notes.append(f"timing stopped after {i + 1} of {iters} iterations: the median's 95% "
+                                      f"interval was within {float(rule['rel_ci']):.1%} on every rank")
+                    break
         h._progress("L3", "timed", iters, iters, self.step_limit_s + 10)
-        if len(device) < iters:  # the hold stalled (now or in an earlier evaluation): no device time at all
+        if len(device) < len(e2e):  # the hold stalled (now or in an earlier evaluation): no device time at all
             device = []
             if self.stalls:
                 self.notes.append(NO_HOLD_NOTE)
