@@ -53,7 +53,7 @@ from cuco_kit.evaluate.device import REPO_ROOT, detect_gpu, driver_cuda_version,
 from cuco_kit.evaluate.mps import MpsDaemon, MpsState
 from cuco_kit.evaluate.phase_clock import PhaseClock, slowest_rank
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
-from cuco_kit.evaluate.seed_cache import SeedCache, SeedPolicy
+from cuco_kit.evaluate.seed_cache import SeedCache
 from cuco_kit.evaluate.stats import FLUSH_BYTES, iteration_stats, speedup_ci
 from cuco_kit.workload import Workload, load_workload, workload_fingerprint
 
@@ -84,8 +84,11 @@ class EvaluatorConfig:
     request_timeout_s: float = 900.0
     run_l0: bool = True
     # The seed: measured again after this many evaluations in its world (1 = before every evaluation, the
-    # strictest and slowest); see seed_cache.py for the drift check and the re-measure beside claimed ratios.
-    seed: SeedPolicy = field(default_factory=SeedPolicy)
+    # strictest and slowest), a new measurement that moved past seed_drift from the last is reported, and a ratio
+    # that claims something (a new best, flagged) gets a seed measured right after it (seed_cache.py).
+    seed_every: int = 20
+    seed_drift: float = 0.03
+    seed_beside_claims: bool = True
     # Stop rule for a candidate's timed iterations: after stop_min_iters, stop once the median's 95% interval is
     # within stop_rel_ci of it on every rank (None: always request.iters). The seed is always timed in full.
     stop_rel_ci: float | None = 0.01
@@ -169,7 +172,7 @@ class GpuEvaluator:
         self._helpers: Path | None = None
         self._gpus: list[dict[str, str]] | None = None
         self.history: list[dict[str, Any]] = []  # per evaluation: seconds, warm or cold (overhead report)
-        self.seeds = SeedCache(self.cfg.seed)
+        self.seeds = SeedCache(self.cfg.seed_every, self.cfg.seed_drift, self.cfg.seed_beside_claims)
         self._clock = PhaseClock()  # the phases of the evaluation in progress (evaluate makes a fresh one)
         atexit.register(self.close)
 

@@ -1,7 +1,7 @@
 """The seed's measurement, reused across the candidates of one world, and when it is taken again.
 
 Every ratio is candidate / seed measured in the same world with the same protocol. Measuring the seed before
-every candidate (the strict form, ``SeedPolicy(remeasure_every=1)``) doubles the GPU time of an evaluation; here
+every candidate (the strict form, ``remeasure_every=1``) doubles the GPU time of an evaluation; here
 one measurement serves the next ``remeasure_every`` evaluations of its world, keyed by everything that changes it
 (world, seed build, request seed, trials, warm-up, iterations, verification rate).
 
@@ -27,13 +27,6 @@ from cuco_kit.evaluate.api import EvalResult
 
 
 @dataclass
-class SeedPolicy:
-    remeasure_every: int = 20  # evaluations one measurement serves in its world (1: measure before each)
-    drift_tolerance: float = 0.03  # a new measurement this far (relative) from the last one is reported
-    beside_claims: bool = True  # measure again right after a candidate whose ratio claims something
-
-
-@dataclass
 class SeedEntry:
     result: EvalResult
     world: Any  # the WorkerGroup it was measured in (identity)
@@ -42,8 +35,14 @@ class SeedEntry:
 
 
 class SeedCache:
-    def __init__(self, policy: SeedPolicy | None = None) -> None:
-        self.policy = policy or SeedPolicy()
+    """``remeasure_every``: evaluations one measurement serves in its world (1: measure before each);
+    ``drift_tolerance``: a new measurement this far (relative) from the last one is reported; ``beside_claims``:
+    measure again right after a candidate whose ratio claims something (EvaluatorConfig's seed_* fields)."""
+
+    def __init__(self, remeasure_every: int = 1, drift_tolerance: float = 0.03, beside_claims: bool = True) -> None:
+        self.remeasure_every = max(1, int(remeasure_every))
+        self.drift_tolerance = float(drift_tolerance)
+        self.beside_claims = bool(beside_claims)
         self._entries: dict[str, SeedEntry] = {}
         self._last_run: dict[int, tuple[Any, str]] = {}  # id(world) -> (world, key of its last seed run)
         self._best: dict[str, float] = {}  # per key: the best ratio a candidate was scored at
@@ -55,7 +54,7 @@ class SeedCache:
         entry = self._entries.get(key)
         last = self._last_run.get(id(world))
         if (entry is None or entry.world is not world or last is None or last[0] is not world or last[1] != key
-                or entry.served >= max(1, self.policy.remeasure_every)):
+                or entry.served >= self.remeasure_every):
             return None
         entry.served += 1
         self.reuses += 1
@@ -70,16 +69,16 @@ class SeedCache:
         if old is None or not old.result.median_ms or not result.median_ms:
             return ""
         drift = result.median_ms / old.result.median_ms - 1.0
-        if abs(drift) <= self.policy.drift_tolerance:
+        if abs(drift) <= self.drift_tolerance:
             return ""
         return (f"the seed's time moved {drift:+.1%} since its previous measurement ({old.result.median_ms:.4g} -> "
                 f"{result.median_ms:.4g} ms, {old.served} evaluations and {time.monotonic() - old.measured_at:.0f} s "
-                f"apart; beyond the {self.policy.drift_tolerance:.0%} drift tolerance): ratios in between used "
+                f"apart; beyond the {self.drift_tolerance:.0%} drift tolerance): ratios in between used "
                 "the old time")
 
     def claims(self, key: str, result: EvalResult) -> bool:
         """Whether a passing candidate's ratio claims something worth a fresh seed beside it."""
-        if not self.policy.beside_claims or result.speedup is None:
+        if not self.beside_claims or result.speedup is None:
             return False
         return bool(result.flagged) or result.speedup > max(1.0, self._best.get(key, 1.0))
 

@@ -299,8 +299,9 @@ class SlotExecutor:
 
 
 def build_workers_default() -> int:
-    """CPU threads for builds ahead of the GPUs: nvcc is one process per build, so a few cores' worth."""
-    return max(1, min(8, (os.cpu_count() or 2) - 1))
+    """CPU threads for builds ahead of the GPUs: nvcc is one process per build, so every core but two (the
+    ranks and the driver poll and prepare inputs on those); a cold build cache is nvcc-bound."""
+    return max(1, min(32, (os.cpu_count() or 2) - 2))
 
 
 def local_executor(spec: EvaluatorSpec, gpus: Sequence[str], world_size: int, backend: str, *,

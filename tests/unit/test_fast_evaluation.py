@@ -17,7 +17,7 @@ from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator, merge
 from cuco_kit.evaluate.phase_clock import PhaseClock, slowest_rank
 from cuco_kit.evaluate.rank.harness import _Evaluation
 from cuco_kit.evaluate.rank.reference_cache import ReferenceCache, checksum
-from cuco_kit.evaluate.seed_cache import SeedCache, SeedPolicy
+from cuco_kit.evaluate.seed_cache import SeedCache
 from cuco_kit.evaluate.stats import median_ci_halfwidth
 from cuco_kit.workload import load_workload
 
@@ -90,7 +90,7 @@ def _seed(ms: float) -> EvalResult:
 
 
 def test_a_seed_measurement_serves_its_world_until_the_schedule_says_again() -> None:
-    cache, world = SeedCache(SeedPolicy(remeasure_every=3)), object()
+    cache, world = SeedCache(remeasure_every=3), object()
     assert cache.reusable("k", world) is None
     assert cache.store("k", world, _seed(1.0)) == ""
     assert cache.reusable("k", world) is not None and cache.reusable("k", world) is not None
@@ -99,14 +99,14 @@ def test_a_seed_measurement_serves_its_world_until_the_schedule_says_again() -> 
 
 
 def test_another_protocol_in_the_same_world_overwrites_the_oracle_record() -> None:
-    cache, world = SeedCache(), object()
+    cache, world = SeedCache(remeasure_every=5), object()
     cache.store("a", world, _seed(1.0))
     cache.store("b", world, _seed(1.0))
     assert cache.reusable("a", world) is None and cache.reusable("b", world) is not None
 
 
 def test_drift_beyond_the_tolerance_is_reported() -> None:
-    cache, world = SeedCache(SeedPolicy(drift_tolerance=0.03)), object()
+    cache, world = SeedCache(drift_tolerance=0.03), object()
     cache.store("k", world, _seed(1.0))
     assert cache.store("k", world, _seed(1.02)) == ""
     note = cache.store("k", world, _seed(1.10))
@@ -121,7 +121,7 @@ def test_a_new_best_or_a_flagged_ratio_claims_a_fresh_seed() -> None:
     assert not cache.claims("k", EvalResult("L3", "pass", speedup=1.04))
     assert not cache.claims("k", EvalResult("L3", "pass", speedup=0.9))
     assert cache.claims("k", EvalResult("L3", "pass", speedup=0.9, flagged=True))
-    assert not SeedCache(SeedPolicy(beside_claims=False)).claims("k", res)
+    assert not SeedCache(beside_claims=False).claims("k", res)
 
 
 class _Group:
@@ -155,7 +155,7 @@ def _run(ev: GpuEvaluator, group: _Group, n: int) -> list[EvalResult]:
 
 
 def test_the_evaluator_reuses_the_seed_and_measures_it_again_beside_a_claim(tmp_path: Path) -> None:
-    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path, seed=SeedPolicy(remeasure_every=4)))
+    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path, seed_every=4))
     ev._gpus = [{"name": "fake"}]
     ev._helpers = tmp_path / "helpers.so"
     group = _Group(seed_ms=[2.0, 2.0, 2.0], cand_ms=2.0)  # no claim: ratio 1.0
