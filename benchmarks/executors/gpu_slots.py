@@ -6,7 +6,8 @@ every part in one run (so every comparison is made on the same machine at the sa
 
 Parts (each a fresh store; every search draws the same uniform random knob points, seed 0):
   symm4_cold   offline search through the slot executor at 4 `symm` ranks, EMPTY build cache: every build runs
-               on the CPU pool during the search (two per candidate: timed and stress) and its time counts;
+               on the CPU pool during the search (one per candidate: the stress build, timed with pauses off)
+               and its time counts;
   symm4        the same search again on the cache the cold part filled (warm builds; a fresh evaluator);
   nccl1        the same search at 1 `nccl` rank, its builds made ahead of the part (warm, untimed);
   single4      the single evaluator (one GpuEvaluator, no engine, no executor) over every knob point at 4
@@ -98,9 +99,9 @@ def run_search(part: str, gpus: list[str], args: argparse.Namespace, cache: Path
     wl = load_workload(WL_REL)
     spec = EvaluatorSpec("gpu", {"recycle_every": 1000, "cache_dir": str(cache)})
     ex = local_executor(spec, gpus, world, backend, build_workers=args.build_workers)
-    # a generation as large as the build pool, so the pool builds a whole generation while the GPU evaluates
+    # a generation twice the build pool: the pool builds the rest of a generation while the GPU evaluates its start
     cfg = SearchConfig(world_size=world, backend=backend, params=dict(wl.size_presets[args.preset]), iters=ITERS,
-                       seed=0, proposals_per_generation=max(4, 2 * ex.slots, args.build_workers),
+                       seed=0, proposals_per_generation=max(4, 2 * ex.slots, 2 * args.build_workers),
                        budget=BudgetConfig(generations=100000, wall_s=wall_cap, evaluations=args.candidates + 1))
     cfg.phases.explore.mix = {"design_space": 1.0}
     cfg.phases.exploit.mix = {"design_space": 1.0}

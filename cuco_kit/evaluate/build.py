@@ -119,8 +119,8 @@ def has_stress_hooks(code: str, backend: str) -> bool:
 
 
 def stress_config(cfg: BuildConfig | None) -> BuildConfig:
-    """``cfg`` for the stress build of a candidate (the harness's L2 trials at two ranks and more): the same
-    command plus STRESS_DEFINE, so it is cached under its own key next to the timed build."""
+    """``cfg`` for the stress build of a source (at two ranks and more: its L2 trials run with the pauses on, then
+    the same library is timed with them off): the same command plus STRESS_DEFINE, cached under its own key."""
     cfg = cfg or BuildConfig()
     if STRESS_DEFINE in cfg.extra_flags:
         return cfg

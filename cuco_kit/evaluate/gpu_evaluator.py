@@ -10,10 +10,12 @@ measured again right beside it. Timed iterations stop early once the median's in
 each rank keeps the torch reference's outputs per iteration (rank/reference_cache.py). Every result carries its
 phases (phase_clock.py) in ``provenance["phases"]``.
 
-At two ranks and more the candidate is also built with the stress define (build.stress_config): its L2 trials
-run on that build, whose signalling primitives pause at random (runtime/cuco_stress.h), and L3 times the plain
-build. Every passing result carries both timings (device and end to end, docs/timing.md); the ratio to the seed
-compares the same timing on both sides.
+At two ranks and more a candidate (and the seed) that uses the runtime's signalling primitives is built ONCE, with
+the stress define (build.stress_config): its L2 trials run with the primitives pausing at random
+(runtime/cuco_stress.h), then the pauses are switched off and L3 times the same loaded library, whose disabled
+hooks cost one predicated-off branch per signal and wait, on the seed's side as on the candidate's. One build
+and one load instead of two halves the nvcc work of a cold cache. Every passing result carries both timings
+(device and end to end, docs/timing.md); the ratio to the seed compares the same timing on both sides.
 
 Safe to call from a worker thread (one evaluation at a time per evaluator; a lock serialises callers). An executor
 runs several evaluators at once, one per GPU set: ``EvaluatorConfig.visible_devices`` gives each its GPUs (its
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -31,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -41,7 +43,6 @@ from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Level, Progress, Verdict
 from cuco_kit.evaluate.build import (
     BuildConfig,
-    BuildResult,
     build,
     build_helpers,
     for_workload,
@@ -106,7 +107,13 @@ class EvaluatorConfig:
 
 def run_l0(code: str, parent_code: str | None) -> tuple[bool | None, list[str], str]:
     """(ok, reasons, note). ok None = L0 could not run here (tree-sitter missing on the GPU image): the
-    evaluation goes on and says so."""
+    evaluation goes on and says so. Remembered per (code, parent) in this process, so a build pool that ran it
+    ahead (prebuild) takes it off the GPU's path."""
+    key = hashlib.sha256(f"{len(code)}:{code}\0{parent_code}".encode()).hexdigest()
+    with _L0_LOCK:
+        hit = _L0_SEEN.get(key)
+    if hit is not None:
+        return hit
     try:
         from cuco_kit.static_check import check_candidate
     except ModuleNotFoundError as exc:
@@ -115,20 +122,38 @@ def run_l0(code: str, parent_code: str | None) -> tuple[bool | None, list[str], 
                               "tree-sitter tree-sitter-cuda); the host-code whitelist was not checked")
         raise
     rep = check_candidate(code, parent_code)
-    return bool(rep.ok), list(rep.reasons), ""
+    out = (bool(rep.ok), list(rep.reasons), "")
+    with _L0_LOCK:
+        if len(_L0_SEEN) >= L0_REMEMBERED:
+            _L0_SEEN.pop(next(iter(_L0_SEEN)))
+        _L0_SEEN[key] = out
+    return out
+
+
+L0_REMEMBERED = 4096  # L0 verdicts kept per process (oldest first out)
+_L0_SEEN: dict[str, tuple[bool | None, list[str], str]] = {}
+_L0_LOCK = threading.Lock()
+
+
+def build_config_for(config: EvaluatorConfig, workload_dir: str | Path, code: str, backend: str,
+                     stress: bool) -> BuildConfig:
+    """How ``code`` is built for an evaluation: with the stress hooks when its L2 trials run stressed
+    (``stress``) and it has waits to instrument, else plainly. The same rule for candidate and seed."""
+    cfg = for_workload(config.build, workload_dir)
+    return stress_config(cfg) if stress and has_stress_hooks(code, backend) else cfg
 
 
 def prebuild(config: EvaluatorConfig, request: EvalRequest, *, stress: bool | None = None) -> bool:
     """L1 for a request ahead of its evaluation, into ``config``'s build cache (no GPU, no evaluator needed: a
-    build pool on any CPU can warm the cache), with the stress build its L2 trials will use when ``stress``
-    (default: ``config.stress`` at two ranks and more). Returns whether the build succeeded (or was cached)."""
-    cfg = for_workload(config.build, request.workload_dir)
-    ok = bool(build(request.candidate_code, request.backend, cfg, config.cache_dir).ok)
+    build pool on any CPU can warm the cache): L0 first (its verdict is remembered for the evaluation), then the
+    build its evaluation will load, stressed when ``stress`` (default: ``config.stress`` at two ranks and more).
+    Returns whether L0 passed and the build succeeded (or was cached)."""
+    if config.run_l0 and run_l0(request.candidate_code, request.parent_code)[0] is False:
+        return False  # L0 rejects it: the evaluation will not build it either
     if stress is None:
         stress = config.stress and request.world_size > 1
-    if ok and stress and has_stress_hooks(request.candidate_code, request.backend):
-        build(request.candidate_code, request.backend, stress_config(cfg), config.cache_dir)
-    return ok
+    cfg = build_config_for(config, request.workload_dir, request.candidate_code, request.backend, stress)
+    return bool(build(request.candidate_code, request.backend, cfg, config.cache_dir).ok)
 
 
 def _emit(progress: Progress | None, **event: Any) -> None:
@@ -193,9 +218,9 @@ class GpuEvaluator:
         return prebuild(self.cfg, request, stress=self._wants_stress(request))
 
     def _wants_stress(self, request: EvalRequest) -> bool:
-        """Whether the request's L2 trials run stressed (world > 1, and a GPU to run them: no second build for
-        nothing); the stress BUILD is only made for a candidate that has waits to instrument (the runtime's
-        primitives; host NCCL under symm), the others get the harness's late-rank jitter alone."""
+        """Whether the request's L2 trials run stressed (world > 1, and a GPU to run them); only a source with
+        waits to instrument (the runtime's primitives; host NCCL under symm) is built with the hooks, the others
+        get the harness's late-rank jitter alone."""
         return self.cfg.stress and request.world_size > 1 and bool(self._detect())
 
     def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
@@ -268,28 +293,27 @@ class GpuEvaluator:
             _emit(progress, level="L0", rank=None, step="static", done=1, total=1)
         # L1
         _emit(progress, level="L1", rank=None, step="build", done=0, total=1)
-        bcfg = for_workload(self.cfg.build, wl.directory)
-        # the stress build beside the timed one
-        with self._clock.phase("build_wait"), ThreadPoolExecutor(max_workers=1) as pool:
-            stress_job = (pool.submit(build, req.candidate_code, req.backend, stress_config(bcfg), self.cfg.cache_dir)
-                          if self._wants_stress(req) and has_stress_hooks(req.candidate_code, req.backend) else None)
+        stressed = self._wants_stress(req)
+        plain = for_workload(self.cfg.build, wl.directory)
+        bcfg = build_config_for(self.cfg, wl.directory, req.candidate_code, req.backend, stressed)
+        hooked = bcfg != plain
+        with self._clock.phase("build_wait"):
             b = build(req.candidate_code, req.backend, bcfg, self.cfg.cache_dir)
-            sb: BuildResult | None = stress_job.result() if stress_job is not None else None
+            if not b.ok and hooked:
+                # the hooks do not build with this source: time and verify the plain build, jitter only
+                logs["stress_build"] = _tail(b.log)
+                notes.append("the build with the stress hooks failed (logs['stress_build']): L2 trials ran on the "
+                             "plain build with the harness's late-rank jitter only")
+                b, hooked = build(req.candidate_code, req.backend, plain, self.cfg.cache_dir), False
         logs["build"] = _tail(b.log)
         prov["build_seconds"] = round(b.seconds, 3)
         prov["build_cached"] = b.cached
         if not b.ok or b.so_path is None:
             return EvalResult("L1", "fail", "L1: build failed (see logs['build'])", logs=logs, provenance=prov)
-        stress_so = b.so_path if self._wants_stress(req) else None  # without hooks: the harness's stress only
+        stress_so = b.so_path if stressed else None  # without hooks: the harness's stress only
         prov["l2_stress"] = stress_so is not None
-        if sb is not None:
-            prov["stress_build_seconds"] = round(sb.seconds, 3)
-            if sb.ok and sb.so_path is not None:
-                stress_so = sb.so_path
-            else:
-                logs["stress_build"] = _tail(sb.log)
-                notes.append("the stress build failed (logs['stress_build']): L2 trials ran on the timed build "
-                             "with the harness's late-rank jitter only")
+        if hooked:
+            prov["stress_build_seconds"] = round(b.seconds, 3)
         _emit(progress, level="L1", rank=None, step="build", done=1, total=1)
         gpus = self._detect()
         if not gpus:
@@ -305,7 +329,8 @@ class GpuEvaluator:
         if req.measure_seed or wl.oracle == "seed":  # a seed-oracle workload's seed runs whatever the request says
             seed_code = wl.seed_for(req.backend).read_text()
             with self._clock.phase("seed_build"):
-                sb = build(seed_code, req.backend, bcfg, self.cfg.cache_dir)
+                sb = build(seed_code, req.backend, build_config_for(self.cfg, wl.directory, seed_code, req.backend,
+                                                                    stressed), self.cfg.cache_dir)
             if not sb.ok:
                 logs["seed_build"] = _tail(sb.log)
                 return EvalResult("L1", "error", f"the workload's {req.backend} seed does not build: the "

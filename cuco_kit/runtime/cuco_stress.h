@@ -9,7 +9,8 @@
  *     some other unit assumed it had covered (a missing wait, a barrier member left out) shows.
  * Delays are seeded per (trial, rank) by the harness through cuco_stress_configure, and differ per call site,
  * block, thread and epoch, so each verification trial explores another interleaving. Without CUCO_STRESS the
- * hooks are empty inline functions and the barrier is the plain one: the timed build is unchanged.
+ * hooks are empty inline functions and the barrier is the plain one. The harness times the SAME stress build after
+ * its L2 trials, with the pauses off (cuco_stress_configure(0, 0, 0)): a disabled hook is one load and a branch.
  *
  * The barrier wrapper wraps the real NCCL session under the nccl backend and the compat one under symm: after
  * this header, `ncclLsaBarrierSession` names the wrapper, which forwards every constructor and call and adds

@@ -1,10 +1,11 @@
 """Compile tier: the stress build (-DCUCO_STRESS=1, runtime/cuco_stress.h) of every sample and adversarial source
 with waits to instrument (the runtime's signalling primitives; host NCCL under symm) builds for every backend where
-it has them, exports the hook the harness configures it through, and the timed build of the same source does not
-export it.
+it has them, exports the hook the harness configures it through, and the plain build of the same source (what
+world size 1 loads) does not export it.
 
 The plain builds of the same files (the new adversarial ones included) are test_compile_samples.py's; the stress
-build is what the harness loads for L2 trials at two ranks and more (cuco_kit/evaluate/gpu_evaluator.py).
+build is what the harness loads at two ranks and more, for the L2 trials and then, pauses off, for timing
+(cuco_kit/evaluate/gpu_evaluator.py).
 """
 from __future__ import annotations
 

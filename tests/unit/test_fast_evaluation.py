@@ -245,3 +245,22 @@ def test_the_checksum_sees_a_swap_of_two_words() -> None:
     y = torch.tensor([2.0, 1.0, 3.0, 4.0])
     assert checksum(x) != checksum(y)
     assert checksum(torch.zeros(3, dtype=torch.uint8)) == 0
+
+
+def test_l0_runs_once_per_source_and_a_prebuild_skips_what_it_rejects(monkeypatch: pytest.MonkeyPatch,
+                                                                     tmp_path: Path) -> None:
+    from cuco_kit import static_check
+    from cuco_kit.evaluate import gpu_evaluator as G
+
+    calls: list[str] = []
+    monkeypatch.setattr(static_check, "check_candidate",
+                        lambda code, parent: calls.append(code) or NS(ok="bad" not in code, reasons=["fopen"]))
+    monkeypatch.setattr(G, "_L0_SEEN", {})
+    assert G.run_l0("// good", None)[0] is True and G.run_l0("// good", None)[0] is True
+    assert calls == ["// good"]
+    built: list[str] = []
+    monkeypatch.setattr(G, "build", lambda code, *a: built.append(code) or NS(ok=True))
+    cfg = EvaluatorConfig(cache_dir=tmp_path)
+    assert G.prebuild(cfg, EvalRequest("// bad", str(WL))) is False and built == []
+    assert G.prebuild(cfg, EvalRequest("// good", str(WL))) is True and built == ["// good"]
+    assert calls == ["// good", "// bad"]  # the good one's verdict was remembered

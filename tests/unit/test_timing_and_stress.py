@@ -151,6 +151,7 @@ def test_stress_trials_make_each_rank_the_late_one_in_turn() -> None:
         steps, lib = _Steps(), _StressLib()
         ev = _evaluation(steps, world=2, rank=rank, seed=7, cmd={"trials": 4, "jitter_us": 100.0}, lib=lib)
         ev._verify_trials(stress)
+        assert lib.calls.pop() == (0, 0, 0)  # after the trials: pauses off, the same library is timed next
         assert len(lib.calls) == 4 and all(c[2] == 500 for c in lib.calls)
         assert len({c[0] for c in lib.calls}) == 4  # new pauses every trial
         late[rank] = [t for t, c in enumerate(lib.calls) if c[1] == 50_000]

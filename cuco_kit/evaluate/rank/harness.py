@@ -18,9 +18,10 @@ and with the oracle: the workload's torch reference, computed on this GPU in flo
 regenerated from the seeds, or, for a workload whose oracle is its seed (differential verification), the seed's
 own outputs of the same iteration, recorded when the seed ran in this world just before (same request seed, so
 the same inputs). NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
-missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead:
+missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run with its pauses on:
 each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
-return, and a jitter past everyone else's; the timed build is loaded afterwards.
+return, and a jitter past everyone else's; then the pauses are switched off and the same library is timed (a
+command may still name a separate stress library: its trials run on it, and the timed one is loaded afterwards).
 Host NCCL under symm: a library that exports cuco_host_nccl_bind (a symm build of a source that includes <nccl.h>,
 runtime/symm_nccl/nccl.h) gets a staging window (one per worker, zeroed at every load) and is bound to it before
 cuco_setup; its communicator becomes ctx->nccl_comm.
@@ -822,6 +823,8 @@ class _Evaluation:
                     raise RuntimeError(f"cuco_stress_configure failed: {h.helpers.error_name(rc)}")
             self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True,
                        jitter_ns=jitter)
+        if configure is not None and int(configure(0, 0, 0)) != 0:  # the same library is timed next: no pauses
+            raise RuntimeError("cuco_stress_configure could not switch the pauses off")
         h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
 
     def _device_time(self, trial: int, what: str, verify: bool) -> float | None:
