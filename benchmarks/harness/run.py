@@ -91,6 +91,8 @@ def run_case(ev: GpuEvaluator, name: str, path: Path, backend: str, world: int, 
            "wall_s": d["wall_s"], "eval_seconds": d.get("provenance", {}).get("eval_seconds"),
            "warm": d.get("provenance", {}).get("warm_workers"),
            "worker_start_seconds": d.get("provenance", {}).get("worker_start_seconds"),
+           "seed_measured": d.get("provenance", {}).get("seed_measured"),
+           "speedup_ci": d.get("speedup_ci"), "phases": d.get("provenance", {}).get("phases"),
            "notes": d.get("provenance", {}).get("notes", []), "provenance": d.get("provenance", {})}
     if d.get("timeline"):
         row["timeline"] = {"ranks": sorted({r["rank"] for r in d["timeline"]}),
@@ -238,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     warm_s = [r["eval_seconds"] for r in warm if r.get("eval_seconds") is not None and r.get("warm")]
     overhead = {"warm_eval_seconds": warm_s, "cold_eval_seconds": cold_row and cold_row.get("eval_seconds"),
                 "cold_worker_start_seconds": cold_row and cold_row.get("worker_start_seconds"),
-                "note": "per-candidate evaluation incl. the seed re-measured in the same run; builds cached"}
+                "note": "per-candidate evaluation; the seed measured in the same world and reused (seed_cache.py); "
+                        "builds cached"}
     summary = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "gpus": gpus,
                "l0_available": has_l0, "params": params, "iters": args.iters, "quick": args.quick,
                "prebuild_seconds": round(build_s, 1), "rows": rows, "skipped": skipped,

@@ -43,7 +43,7 @@ class EvalRequest:
     verify_every: int = 3  # verify about one timed iteration in this many, at random, plus the first
     trials: int = 3  # L2: fresh-input verification trials before timing
     seed: int = 0  # seeds inputs per (trial, rank) and the choice of verified iterations
-    measure_seed: bool = True  # re-measure the workload's seed in the same run for the ratio
+    measure_seed: bool = True  # score against the workload's seed measured in the same world (seed_cache.py)
     timeline: bool = False  # after timing, profile more (untimed) iterations: per-rank kernel timeline
     timeline_iters: int = 1  # how many iterations `timeline` profiles, each on its own (rows carry "iteration")
     label: str = ""  # free text for logs (program id, name)
@@ -65,7 +65,7 @@ class EvalResult:
     spread_ms: float | None = None  # (p90 - p10) of the same
     iteration_ms: list[float] | None = None  # per timed iteration, max over ranks
     per_rank_median_ms: list[float] | None = None
-    seed_median_ms: float | None = None  # the seed measured in the same run
+    seed_median_ms: float | None = None  # the seed measured in the same world
     speedup: float | None = None  # seed_median_ms / median_ms
     seed_iteration_ms: list[float] | None = None  # the seed's timed iterations in the same run (max over ranks)
     # [lo, hi]: 95% bootstrap interval of the speed-up from both runs' timed iterations (evaluate.stats.speedup_ci);

@@ -52,6 +52,17 @@ def test_warm_evaluation_is_cheaper_than_a_cold_start(summary: dict) -> None:
     assert max(ov["warm_eval_seconds"]) < ov["cold_eval_seconds"], ov
 
 
+def test_warm_candidates_reuse_the_seed_and_carry_their_phases(summary: dict) -> None:
+    warm = [r for r in summary["rows"] if r["case"] == "device_lsa.cu (warm)"]
+    assert warm and all(r["verdict"] == "pass" and r["speedup_ci"] for r in warm), warm
+    # the same world and protocol: the seed measured for the first of them (or before) serves the others, unless
+    # a ratio claimed a new best and had the seed measured again right after it
+    how = [str(r["seed_measured"]) for r in warm]
+    assert any(h.startswith(("reused", "again")) for h in how), how
+    for r in warm:
+        assert {"candidate", "rank.load_setup", "rank.device_timing", "rank.teardown"} <= set(r["phases"]), r["phases"]
+
+
 def test_no_leaks(summary: dict) -> None:
     assert summary["leak_ok"], summary["leaks"]
 
