@@ -43,14 +43,15 @@ from cuco_kit.evaluate.device import detect_gpu
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SAMPLE = ROOT / "sample_kernels" / "attention_cp"
+RUNTIME = ROOT / "cuco_kit" / "runtime"  # the kernel waits with the runtime's bounded wait (cuco_waits.h)
 PRESETS = ("paper", "paper_noncausal", "d32", "d128")
 
 
 def build(workdir: Path) -> ctypes.CDLL:
     lib = workdir / "libattn_tiles.so"
     nvcc = os.environ.get("NVCC", "nvcc")
-    cmd = [nvcc, "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", f"-I{SAMPLE}", str(HERE / "tile_shapes.cu"),
-           "-o", str(lib)]
+    cmd = [nvcc, "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", f"-I{SAMPLE}", f"-I{RUNTIME}",
+           str(HERE / "tile_shapes.cu"), "-o", str(lib)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode != 0:
         raise SystemExit(f"tile_shapes.cu did not build:\n{p.stderr[-2000:]}")

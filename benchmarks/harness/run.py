@@ -43,8 +43,9 @@ from cuco_kit.evaluate.pool import live_worker_pids
 ROOT = Path(__file__).resolve().parents[2]
 WL = ROOT / "sample_kernels" / "allgather"
 ADV = ROOT / "tests" / "data" / "adversarial"
-# --quick: one candidate per kind of rejection: wrong output, a forbidden host call (L0), a race only two ranks show
-QUICK_ADVERSARIAL = ("skips_compute.cu", "writes_file.cu", "drops_peer_stores.cu")
+# --quick: one candidate per kind of rejection: wrong output, a forbidden host call (L0), a race only two ranks show,
+# a runtime wait nobody satisfies (a verdict naming the flag, the world kept)
+QUICK_ADVERSARIAL = ("skips_compute.cu", "writes_file.cu", "drops_peer_stores.cu", "waits_on_unraised_flag.cu")
 
 
 def gpu_memory_used() -> list[int]:

@@ -538,6 +538,12 @@ class GpuEvaluator:
                 "cuda_visible_devices": self.cfg.visible_devices, "python": sys.version.split()[0]}
 
 
+# How a rank's reason says it stopped because another rank failed (rank/harness.py): "a peer failed in ...",
+# "verification failed on a peer in ...". Other reasons may name a peer ("user flag (peer 0, slot 3)", "a missing
+# wait on a peer") and are still the rank's own.
+PEER_FAILED = ("a peer failed", "failed on a peer")
+
+
 def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) -> EvalResult:
     """All ranks' replies -> one result. A missing reply (a rank ended by the others' fatal fault) counts as a
     failure; the reason is the first rank's own (not 'a peer failed') reason."""
@@ -546,7 +552,7 @@ def merge_replies(replies: list[dict[str, Any] | None], logs: dict[str, str]) ->
         flags = "fatal"
     failed = [r for r in replies if r is not None and r.get("verdict") != "pass"]
     if failed or any(r is None for r in replies):
-        own = [r for r in failed if r.get("reason") and "peer" not in r["reason"]]
+        own = [r for r in failed if r.get("reason") and not any(p in r["reason"] for p in PEER_FAILED)]
         pick = (own or failed or [{}])[0]
         verdict: Verdict = "error" if pick.get("verdict") == "error" else "fail"
         reason = pick.get("reason") or "a rank stopped replying after a peer's fatal fault"

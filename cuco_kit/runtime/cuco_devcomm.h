@@ -11,9 +11,11 @@
  *   ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx);   // the flag region's window
  * Device:
  *   void cuco_signal(uint64_t* remote_flag, uint64_t epoch);  // release store, system scope
- *   void cuco_wait(const uint64_t* flag, uint64_t epoch);     // acquire loads, system scope, until >= epoch
+ *   bool cuco_wait(const uint64_t* flag, uint64_t epoch);     // acquire loads, system scope, until >= epoch;
+ *                                                             // false: it gave up (cuco_waits.h), recorded
  *   uint64_t* cuco_user_flag(uint64_t* const* peers, int rank, size_t i);  // rank's i-th candidate word
- * (In the stress build, -DCUCO_STRESS=1, cuco_signal and cuco_wait pause at random: cuco_stress.h.)
+ * (In the stress build, -DCUCO_STRESS=1, cuco_signal and cuco_wait pause at random: cuco_stress.h. Bound by the
+ * harness, cuco_wait gives up after the step limit or when the harness aborts: cuco_waits.h.)
  *
  * Why a helper and not ncclDevCommCreate directly: NCCL 2.28 and 2.29 take different requirement structs,
  * the communicator may be non-blocking, 2.28 leaves a stale CUDA error behind, and under symm there is no
@@ -30,6 +32,7 @@
 #include "cuco_errors.h"
 #define CUCO_STRESS_LSA_BARRIER 1  /* the device API is known here: cuco_stress.h may wrap the LSA barrier */
 #include "cuco_stress.h"  /* -DCUCO_STRESS=1: random pauses in the primitives below (race amplification) */
+#include "cuco_waits.h"   /* the bound on every runtime wait, and the record of the one that gave up */
 #ifdef __CUDACC__
 #include <cuda/atomic>
 #endif
@@ -158,13 +161,13 @@ __device__ __forceinline__ void cuco_signal(uint64_t* remote_flag, uint64_t epoc
   cuco_stress_after_signal(remote_flag, epoch);
 }
 
-/* Spin until `flag` reaches `epoch`; the acquire makes the producer's earlier writes visible after it. */
-__device__ __forceinline__ void cuco_wait(const uint64_t* flag, uint64_t epoch) {
-  cuda::atomic_ref<const uint64_t, cuda::thread_scope_system> f(*flag);
-#pragma unroll 1
-  while (f.load(cuda::memory_order_acquire) < epoch) {
-  }
+/* Spin until `flag` reaches `epoch`; the acquire makes the producer's earlier writes visible after it. false: the
+ * wait gave up (the harness's step limit or abort word, cuco_waits.h) and the harness will fail the step, naming
+ * this flag; the caller may simply go on, so its kernel ends. */
+__device__ __forceinline__ bool cuco_wait(const uint64_t* flag, uint64_t epoch) {
+  const bool reached = cuco_wait_until(flag, epoch);
   cuco_stress_before_wait_returns(flag, epoch);
+  return reached;
 }
 
 /* Rank `rank`'s i-th candidate-owned flag word (past the runtime's reserved words). */

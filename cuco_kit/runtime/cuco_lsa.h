@@ -12,7 +12,8 @@
  * cuco_flags_window and the epoch flag helpers cuco_signal/cuco_wait; cuco_errors.h the CUCO_*_TRY error
  * propagation; cuco_side_stream.h the high-priority side stream that overlapping candidates fork and join;
  * cuco_state.h the setup/step/teardown lifecycle of the state a candidate keeps in ctx->user; cuco_stress.h
- * (through cuco_devcomm.h) the random pauses of the harness's stress build (-DCUCO_STRESS=1).
+ * (through cuco_devcomm.h) the random pauses of the harness's stress build (-DCUCO_STRESS=1); cuco_waits.h the
+ * bound on every runtime wait (a flag nobody raises ends in a verdict naming it, not in a killed rank).
  *
  * The flag region (cuco_flags_t in cuco_abi.h): the first CUCO_FLAGS_RESERVED 64-bit words of every rank are
  * owned by the runtime (compat barriers and devComm bookkeeping). A candidate's own flags start at word

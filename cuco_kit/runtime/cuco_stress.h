@@ -24,6 +24,7 @@
 
 #include <stdint.h>
 #include <cuda_runtime_api.h>
+#include "cuco_waits.h" /* the clock the waits use */
 
 #if defined(CUCO_STRESS) && CUCO_STRESS
 
@@ -41,12 +42,6 @@ __device__ __forceinline__ uint64_t mix(uint64_t z) {  /* splitmix64's finaliser
   return z ^ (z >> 31);
 }
 
-__device__ __forceinline__ uint64_t now_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 /* Pause for a pseudo-random time drawn from (seed, site, a, b); a and b tell call sites apart. */
 __device__ __forceinline__ void pause(uint32_t site, uint64_t a, uint64_t b) {
   const uint32_t max_ns = cuco_stress_max_ns_;
@@ -54,8 +49,8 @@ __device__ __forceinline__ void pause(uint32_t site, uint64_t a, uint64_t b) {
   const uint64_t r = mix(cuco_stress_seed_ ^ mix(a ^ ((uint64_t)site << 56)) ^ mix(b + 0x632be59bd9b4e019ull));
   if ((uint32_t)(r % 1000u) >= cuco_stress_permille_) return;
   const uint64_t ns = (r >> 20) % max_ns;
-  const uint64_t start = now_ns();
-  while (now_ns() - start < ns) __nanosleep(256);
+  const uint64_t start = cuco_waits::now_ns();
+  while (cuco_waits::now_ns() - start < ns) __nanosleep(256);
 }
 
 __device__ __forceinline__ uint64_t unit_id() {

@@ -35,7 +35,8 @@
  *
  * Stress build (-DCUCO_STRESS=1): every flag store and every wait pauses as cuco_signal / cuco_wait do
  * (cuco_stress.h), and the library exports cuco_stress_configure, so the harness's L2 trials perturb these
- * waits too.
+ * waits too. The waits are bounded like every runtime wait (cuco_waits.h): a peer that never calls its side of
+ * a collective or a send ends in a verdict naming the staging word, not in a hang.
  *
  * CUCO_SYMM_NCCL_CHUNK_BYTES (a define before <nccl.h>, tests only) caps a chunk, so small messages exercise the
  * multi-chunk paths.
@@ -58,6 +59,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_stress.h"
+#include "cuco_waits.h"
 
 namespace cuco_host_nccl {
 
@@ -99,9 +101,8 @@ __global__ void flags_kernel(Flags f) {
     cuco_stress_after_signal(f.signal[t].word, f.signal[t].value);
   }
   if (t < f.n_wait) {
-    cuda::atomic_ref<uint64_t, cuda::thread_scope_system> w(*f.wait[t].word);
-#pragma unroll 1
-    while (w.load(cuda::memory_order_acquire) < f.wait[t].value) __nanosleep(32);
+    cuco_wait_until(f.wait[t].word, f.wait[t].value, cuda::memory_order_acquire,
+                    cuco_wait_site_t{CUCO_WAIT_HOST_NCCL, -1, -1}, /*nap_ns=*/32);
     cuco_stress_before_wait_returns(f.wait[t].word, f.wait[t].value);
   }
 }

@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 #include "cuco_abi.h"
+#include "cuco_waits.h" /* the barrier's waits are bounded like every runtime wait */
 #ifdef __CUDACC__
 #include <cuda/atomic>
 #endif
@@ -167,7 +168,9 @@ CUCO_DEVICE_INLINE cuda::memory_order acquire_of(cuda::memory_order o) {
  * blockIdx.x, so each block pairs with the same block on every peer), arrive() announces this rank reached the
  * barrier (publishing its earlier writes when `order` has a release half), wait() returns once every peer has
  * arrived (acquiring their writes when `order` has an acquire half). The session's epoch is read from flag
- * memory in the constructor and written back in the destructor, so it persists across kernel launches. */
+ * memory in the constructor and written back in the destructor, so it persists across kernel launches. Bound by
+ * the harness (cuco_waits.h), wait() gives up on a peer that never arrives, and the record names the barrier
+ * and the peer. */
 template <typename Coop>
 struct ncclLsaBarrierSession {
   Coop coop;
@@ -205,10 +208,7 @@ struct ncclLsaBarrierSession {
 #pragma unroll 1
     for (int i = coop.thread_rank(); i < comm.lsaSize - 1; i += coop.size()) {
       int peer = i + (comm.lsaRank <= i ? 1 : 0);
-      cuda::atomic_ref<uint64_t, cuda::thread_scope_system> slot(*inbox(comm.lsaRank, peer));
-#pragma unroll 1
-      while (slot.load(o) < epoch + 1) {
-      }
+      cuco_wait_until(inbox(comm.lsaRank, peer), epoch + 1, o, cuco_wait_site_t{CUCO_WAIT_LSA_BARRIER, peer, index});
     }
     epoch += 1;
     coop.sync();

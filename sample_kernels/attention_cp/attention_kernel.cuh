@@ -26,9 +26,10 @@
 // row addresses of each 8x8 matrix hit distinct banks.
 //
 // Waiting on arrival (device-initiated variants): a segment may carry a flag; before the first tile of that
-// segment (unless kPrefetchK already found the flag up), thread 0 spins until *flag >= epoch (acquire, system
-// scope) and the CTA's barrier hands the acquired view to every thread. Segments a CTA skips entirely (causal:
-// all keys after its last query) are never waited for.
+// segment (unless kPrefetchK already found the flag up), thread 0 waits until *flag >= epoch with the runtime's
+// bounded wait (cuco_wait_until, cuco_waits.h: acquire, system scope; a flag nobody raises ends in a verdict
+// naming it) and the CTA's barrier hands the acquired view to every thread. Segments a CTA skips entirely
+// (causal: all keys after its last query) are never waited for.
 #ifndef ATTENTION_KERNEL_CUH_
 #define ATTENTION_KERNEL_CUH_
 
@@ -38,6 +39,8 @@
 #include <stdint.h>
 
 #include <cuda/atomic>
+
+#include "cuco_waits.h"  // the runtime's bounded wait: the one header of the runtime this kernel needs
 
 namespace attn {
 
@@ -86,18 +89,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Has a segment's arrival flag reached the epoch? The runtime's flag protocol (cuco_wait in cuco_devcomm.h, not
-// included here: benchmarks/attention_cp builds this header without the runtime's). Acquire at system scope,
-// pairing the producer's release: the producer is another process (symm) or another GPU (nccl), and its K/V
-// stores must be visible to this CTA once the flag is seen.
+// Has a segment's arrival flag reached the epoch (without waiting)? The runtime's flag protocol: acquire at system
+// scope, pairing the producer's release: the producer is another process (symm) or another GPU (nccl), and its
+// K/V stores must be visible to this CTA once the flag is seen.
 __device__ __forceinline__ bool flag_reached(const uint64_t* flag, uint64_t epoch) {
   return cuda::atomic_ref<const uint64_t, cuda::thread_scope_system>(*flag).load(cuda::memory_order_acquire) >= epoch;
-}
-
-__device__ __forceinline__ void wait_flag(const uint64_t* flag, uint64_t epoch) {
-#pragma unroll 1
-  while (!flag_reached(flag, epoch)) {
-  }
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -276,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
     for (int kt0 = 0; kt0 < n_end; kt0 += kBlockK) {
       if (!k_in_flight) {
         if (kt0 == 0 && sg.flag != nullptr) {
-          if (threadIdx.x == 0) wait_flag(sg.flag, p.epoch);
+          if (threadIdx.x == 0) cuco_wait_until(sg.flag, p.epoch);
           __syncthreads();  // hands thread 0's acquired view to the CTA
         }
         load_tile<D, kBlockK>(ks, kb, row_stride, kt0, sg.n_keys);

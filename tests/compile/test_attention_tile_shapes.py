@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "benchmarks" / "attention_cp" / "tile_shapes.cu"
 SAMPLE = ROOT / "sample_kernels" / "attention_cp"
+RUNTIME = ROOT / "cuco_kit" / "runtime"
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -24,7 +25,7 @@ def test_every_tile_shape_builds_without_spills(tmp_path: Path) -> None:
         pytest.skip("nvcc not found")
     lib = tmp_path / "libattn_tiles.so"
     p = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v",
-                        f"-I{SAMPLE}", str(SOURCE), "-o", str(lib)], capture_output=True, text=True)
+                        f"-I{SAMPLE}", f"-I{RUNTIME}", str(SOURCE), "-o", str(lib)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     # ptxas prints, per kernel: "Compiling entry function '<mangled>'", then its properties with "N bytes spill
     # stores".

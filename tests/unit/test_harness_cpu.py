@@ -25,16 +25,21 @@ from cuco_kit.workload import Tolerance
 ROOT = Path(__file__).resolve().parents[2]
 
 
+CONSTANTS = ("CUCO_ABI_VERSION", "CUCO_MAX_TENSORS", "CUCO_MAX_PARAMS", "CUCO_MAX_SCRATCH", "CUCO_MAX_RANKS",
+             "CUCO_NAME_LEN", "CUCO_WAITS_VERSION", "CUCO_WAIT_FLAG", "CUCO_WAIT_LSA_BARRIER", "CUCO_WAIT_HOST_NCCL",
+             "CUCO_WAIT_LIMIT", "CUCO_WAIT_ABORT")
+
+
 def _c_layout_program() -> str:
-    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "cuco_abi.h"', "int main(void) {"]
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "cuco_abi.h"', '#include "cuco_waits.h"',
+             "int main(void) {"]
     for tag, struct, ctype in (("tensor", abi.CucoTensor, "cuco_tensor_t"), ("flags", abi.CucoFlags, "cuco_flags_t"),
                                ("scratch_req", abi.CucoScratchRequest, "cuco_scratch_request_t"),
-                               ("ctx", abi.CucoCtx, "cuco_ctx_t")):
+                               ("ctx", abi.CucoCtx, "cuco_ctx_t"), ("wait_ctl", abi.CucoWaitCtl, "cuco_wait_ctl_t")):
         lines.append(f'  printf("sizeof.{tag} %zu\\n", sizeof({ctype}));')
         for name, _ in struct._fields_:
             lines.append(f'  printf("{tag}.{name} %zu\\n", offsetof({ctype}, {name}));')
-    for name in ("CUCO_ABI_VERSION", "CUCO_MAX_TENSORS", "CUCO_MAX_PARAMS", "CUCO_MAX_SCRATCH", "CUCO_MAX_RANKS",
-                 "CUCO_NAME_LEN"):
+    for name in CONSTANTS:
         lines.append(f'  printf("const.{name} %d\\n", (int){name});')
     lines += ["  return 0;", "}"]
     return "\n".join(lines) + "\n"
@@ -57,8 +62,7 @@ def test_ctypes_struct_matches_header(tmp_path: Path) -> None:
     py = abi.layout()
     for key, value in py.items():
         assert c[key] == value, f"{key}: header says {c[key]}, ctypes mirror says {value}"
-    for name in ("CUCO_ABI_VERSION", "CUCO_MAX_TENSORS", "CUCO_MAX_PARAMS", "CUCO_MAX_SCRATCH", "CUCO_MAX_RANKS",
-                 "CUCO_NAME_LEN"):
+    for name in CONSTANTS:
         assert c[f"const.{name}"] == getattr(abi, name), name
     assert abi.new_ctx().struct_size == c["sizeof.ctx"]
 

@@ -1,5 +1,6 @@
 """Warm worker pool with a fake body (no CUDA): recycling every K evaluations, after a fatal reply, after a
-hang; progress events reach the caller; the world is gone afterwards.
+hang, never after a candidate's own failure (a runtime wait that gave up); progress events reach the caller; the
+world is gone afterwards.
 
 As root the worlds run in PID namespaces (launcher), where a rank's own pid means nothing outside: a rank process
 is told apart by a random id it makes at start, and looked up on the host as the child of its launcher process."""
@@ -38,6 +39,10 @@ class Body:
             return {"ok": False, "verdict": "fail", "fatal": True, "reason": "illegal memory access"}
         if mode == "fatal":
             time.sleep(10_000)  # a peer stuck waiting for the faulted rank
+        if mode == "wait_gave_up":  # rank 1's runtime wait gave up: the candidate failed, the process is fine
+            reason = ("rank 1: timeout: waited on user flag (peer 1, slot 3) epoch 1 for 2.0 s" if self.rank == 1
+                      else "a peer failed in verification trial 1/3")
+            return {"ok": False, "verdict": "fail", "level": "L2", "reason": reason, "proc": PROC}
         return {"ok": True, "verdict": "pass", "times_ms": [1.0 + self.rank], "proc": PROC}
 
     def close(self):
@@ -113,6 +118,19 @@ def test_fatal_reply_ends_the_world_and_the_next_call_starts_a_new_one(tmp_path:
         assert pool.starts == 2 and [i["proc"] for i in g2.info] != first
         assert pool.recycles and "failed" in pool.recycles[0]
         assert [r["verdict"] for r in g2.request({"op": "eval"}, timeout_s=60)] == ["pass", "pass"]
+    finally:
+        pool.close()
+
+
+def test_a_wait_that_gave_up_fails_the_candidate_and_keeps_the_world(tmp_path: Path, body_dir: Path) -> None:
+    pool = WorkerPool(PoolConfig(recycle_every=100, start_timeout_s=120), tmp_path / "ranks")
+    try:
+        g = pool.group("k", _spec(2, body_dir))
+        procs = [i["proc"] for i in g.info]
+        replies = g.request({"op": "eval", "mode": "wait_gave_up"}, timeout_s=60)
+        assert [r["verdict"] for r in replies] == ["fail", "fail"] and not g.broken
+        assert pool.group("k", _spec(2, body_dir)) is g and pool.starts == 1 and not pool.recycles
+        assert [r["proc"] for r in g.request({"op": "eval"}, timeout_s=60)] == procs
     finally:
         pool.close()
 

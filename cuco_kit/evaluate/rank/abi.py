@@ -1,8 +1,9 @@
-"""ctypes mirror of the frozen candidate ABI v1 (cuco_kit/runtime/cuco_abi.h).
+"""ctypes mirror of the frozen candidate ABI v1 (cuco_kit/runtime/cuco_abi.h) and of the runtime's wait control
+block (cuco_kit/runtime/cuco_waits.h, CUCO_WAITS_VERSION 1: the harness's side of the bounded waits).
 
-The layout must match the header byte for byte: tests/unit/test_harness_cpu.py compiles a C program against the
-header and compares sizeof/offsetof of every field with this module. Change the header, bump CUCO_ABI_VERSION,
-change this file, in that order.
+The layout must match the headers byte for byte: tests/unit/test_harness_cpu.py compiles a C program against the
+headers and compares sizeof/offsetof of every field with this module. Change the header, bump its version, change
+this file, in that order.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ CUCO_MAX_PARAMS = 32
 CUCO_MAX_SCRATCH = 8
 CUCO_MAX_RANKS = 64
 CUCO_NAME_LEN = 32
+CUCO_WAITS_VERSION = 1
 
 BACKENDS = {"nccl": 0, "symm": 1}
 ROLES = {"input": 1, "output": 2, "inout": 3}
@@ -80,6 +82,32 @@ class CucoCtx(ctypes.Structure):
     ]
 
 
+class CucoWaitCtl(ctypes.Structure):
+    """cuco_wait_ctl_t: the harness's words (version, limit, abort) and the record of the wait that gave up."""
+
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("struct_size", ctypes.c_uint32),
+        ("limit_ns", ctypes.c_uint64),
+        ("abort", ctypes.c_uint32),
+        ("gave_up", ctypes.c_uint32),
+        ("kind", ctypes.c_uint32),       # cuco_wait_kind_t (CUCO_WAIT_FLAG ... below)
+        ("ended_by", ctypes.c_uint32),   # cuco_wait_end_t: CUCO_WAIT_LIMIT or CUCO_WAIT_ABORT
+        ("word", ctypes.c_uint64),       # the address it polled, in this process
+        ("target", ctypes.c_uint64),
+        ("seen", ctypes.c_uint64),
+        ("waited_ns", ctypes.c_uint64),
+        ("peer", ctypes.c_int32),
+        ("index", ctypes.c_int32),
+        ("block", ctypes.c_uint32 * 3),
+        ("thread", ctypes.c_uint32),
+    ]
+
+
+CUCO_WAIT_FLAG, CUCO_WAIT_LSA_BARRIER, CUCO_WAIT_HOST_NCCL = 1, 2, 3  # cuco_wait_kind_t
+CUCO_WAIT_LIMIT, CUCO_WAIT_ABORT = 1, 2  # cuco_wait_end_t
+
+
 def new_ctx() -> CucoCtx:
     """A zeroed context with the version fields set, as every candidate's CUCO_CHECK_ABI expects."""
     ctx = CucoCtx()
@@ -104,7 +132,7 @@ def layout() -> dict[str, int]:
     """sizeof/offsetof of every struct and field, keyed like the C test prints them (``ctx.flags``...)."""
     out: dict[str, int] = {}
     for tag, struct in (("tensor", CucoTensor), ("flags", CucoFlags), ("scratch_req", CucoScratchRequest),
-                        ("ctx", CucoCtx)):
+                        ("ctx", CucoCtx), ("wait_ctl", CucoWaitCtl)):
         out[f"sizeof.{tag}"] = ctypes.sizeof(struct)
         for name, *_ in struct._fields_:
             out[f"{tag}.{name}"] = getattr(struct, name).offset

@@ -25,6 +25,11 @@ command may still name a separate stress library: its trials run on it, and the 
 Host NCCL under symm: a library that exports cuco_host_nccl_bind (a symm build of a source that includes <nccl.h>,
 runtime/symm_nccl/nccl.h) gets a staging window (one per worker, zeroed at every load) and is bound to it before
 cuco_setup; its communicator becomes ctx->nccl_comm.
+Bounded waits: a library that exports cuco_waits_bind (every build on the runtime's flags, LSA barrier or host NCCL,
+runtime/cuco_waits.h) has its waits bound to the harness's control block, with the step limit as their limit. When
+the watchdog fires the harness raises the block's abort word first: a step stuck in those waits ends, and the
+candidate fails with a verdict naming the word it waited on (rank/waits.py), in the same world. A step still
+running after that (a spin of its own) is a hang: the process ends.
 
 The ranks agree after every iteration (a gloo all-reduce of a failure flag is the host barrier), so when one
 rank fails all stop together instead of waiting for each other.
@@ -49,7 +54,7 @@ from torch.distributed import PrefixStore
 from torch.profiler import ProfilerActivity, profile
 
 from cuco_kit.evaluate.phase_clock import PhaseClock
-from cuco_kit.evaluate.rank import abi
+from cuco_kit.evaluate.rank import abi, waits
 from cuco_kit.evaluate.rank.backends import Backend, NcclBackend, SymmBackend
 from cuco_kit.evaluate.rank.reference_cache import ReferenceCache
 from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, median_ci_halfwidth, verified_iterations
@@ -59,6 +64,8 @@ HARNESS_WORDS = 64  # the harness barrier's words, after the candidate's flag wo
 # Host NCCL under symm (runtime/host_nccl_compat.h): each rank's staging window; its first 4 KiB are flag words,
 # the rest is split between collective chunks and one point-to-point slot per peer
 HOST_NCCL_STAGING_BYTES = 32 << 20
+# After the watchdog raised the waits' abort word: how long a step stuck in the runtime's waits gets to end
+WAIT_ABORT_GRACE_S = 2.0
 CUDA_ERROR_CAPTURE_UNJOINED = 904
 CUDA_CAPTURE_ERRORS = range(900, 909)  # cudaErrorStreamCaptureUnsupported .. cudaErrorStreamCaptureWrongThread
 NO_HOLD_NOTE = ("device timing unavailable: cuco_step waits on the held stream (e.g. cudaStreamSynchronize or a "
@@ -183,6 +190,9 @@ class RankHarness:
         self.flush = torch.empty(int(config.get("flush_bytes", FLUSH_BYTES)), dtype=torch.uint8, device=self.dev)
         self.timed_out = torch.zeros(4, dtype=torch.int32).pin_memory()  # [0] device barrier, [1] the hold
         self.hold_word = torch.zeros(1, dtype=torch.int64).pin_memory()  # the hold's release value (host-mapped)
+        # the runtime's bounded waits: their control block (host-mapped), bound at every load (rank/waits.py)
+        self.wait_ctl_mem = torch.zeros(ctypes.sizeof(abi.CucoWaitCtl), dtype=torch.uint8).pin_memory()
+        self.wait_ctl = abi.CucoWaitCtl.from_address(self.wait_ctl_mem.data_ptr())
         self.hold_epoch = 0
         self.unholdable: set[str] = set()  # libraries whose step stalled behind the hold: timed end to end only
         self.harness_epoch = 0
@@ -256,6 +266,8 @@ class _Evaluation:
         self.ctx = abi.new_ctx()
         self.loaded_copy: Path | None = None
         self.live = False  # cuco_setup succeeded and cuco_teardown is still due
+        self.waits_bound = False  # the loaded library's waits give up on the harness's limit and abort word
+        self.waits_aborted = False  # the watchdog raised the abort word (the step then fails, ended or not)
         self.recycle = False  # a non-fatal event after which this process should not serve more candidates
         self.max_err = 0.0
         self.stalls = 0  # held iterations whose hold timed out
@@ -361,6 +373,7 @@ class _Evaluation:
         self._fill_ctx()
         self._scratch()
         self._bind_host_nccl()
+        self._bind_waits()
         h.flags.tensor[: h.flag_words * 8].zero_()
         torch.cuda.synchronize(h.dev)
 
@@ -488,6 +501,40 @@ class _Evaluation:
                                    "on a peer")
         ctx.nccl_comm = comm.value
 
+    def _bind_waits(self) -> None:
+        """The runtime's bounded waits (runtime/cuco_waits.h; optional, every build on the runtime exports it):
+        the library's waits are bound to this worker's control block, zeroed, with the step limit as their limit."""
+        h = self.h
+        self.waits_bound = self.waits_aborted = False
+        bind = getattr(self.lib, "cuco_waits_bind", None)
+        if bind is None:
+            return
+        waits.reset(h.wait_ctl, self.step_limit_s)
+        bind.argtypes = [ctypes.c_void_p]
+        bind.restype = ctypes.c_int
+        rc = int(bind(ctypes.addressof(h.wait_ctl)))
+        problem = "" if rc == 0 else (f"cuco_waits_bind returned {abi.ERROR_NAMES.get(rc, rc)} (a library built "
+                                      f"against other runtime headers?)")
+        if h._host_agree(bool(problem)):
+            raise CandidateFailure("L2", f"rank {h.rank}: {problem}" if problem else "cuco_waits_bind failed on a "
+                                   "peer")
+        self.waits_bound = True
+
+    def _wait_verdict(self, what: str) -> str:
+        """After a step that ended: '' unless one of the runtime's waits gave up (the failure then names what it
+        waited on) or the watchdog had to tell them to. The step's work is over, so this process keeps serving."""
+        h, ctx = self.h, self.ctx
+        if not self.waits_bound or not (h.wait_ctl.gave_up or self.waits_aborted):
+            return ""
+        scratch = [(ctx.scratch[i].name.decode(errors="replace"), h.scratch_pool[i], int(ctx.scratch[i].capacity_bytes))
+                   for i in range(ctx.n_scratch)]
+        where = waits.regions(h.flags, h.flag_words, h.windows, scratch, h.host_nccl_staging)
+        found = waits.verdict(h.wait_ctl, where, what)
+        if found or not self.waits_aborted:
+            return found
+        return (f"timeout: {what} did not finish within {self.step_limit_s:.2f} s; it ended after the runtime's waits "
+                f"were told to give up")
+
     def _setup(self) -> None:
         h = self.h
         h._progress("L2", "setup", 0, 1, self.setup_limit_s)
@@ -610,15 +657,24 @@ class _Evaluation:
         h.helpers.cuco_h_release(ctypes.c_void_p(h.hold_word.data_ptr()), h.hold_epoch)
 
     def _wait_event(self, ev: torch.cuda.Event, what: str, limit_s: float) -> None:
-        """Wait for an event with a watchdog; a step past its limit is a hang and ends this process."""
+        """Wait for an event with a watchdog. At the limit the runtime's waits are told to give up first (when the
+        library's are bound): a step stuck in them ends within WAIT_ABORT_GRACE_S and _step names what it waited
+        on. A step past that is a hang and ends this process."""
         deadline = time.monotonic() + limit_s
         sleep = 5e-5
         while not ev.query():
             if time.monotonic() > deadline:
+                if self.waits_bound and not self.waits_aborted:
+                    waits.abort(self.h.wait_ctl)
+                    self.waits_aborted = True
+                    deadline = time.monotonic() + WAIT_ABORT_GRACE_S
+                    continue
                 self.h.chan.note_failure(f"{what} did not finish within {limit_s:.2f} s")
+                after = ("; it still ran after the runtime's waits were told to give up: a spin of its own"
+                         if self.waits_aborted else "")
                 raise CandidateFailure("L2" if "trial" in what or "capture" in what else "L3",
                                        f"timeout: rank {self.h.rank}: {what} did not finish within {limit_s:.2f} s "
-                                       f"(watchdog: the step hangs)", fatal=True)
+                                       f"(watchdog: the step hangs{after})", fatal=True)
             time.sleep(sleep)
             sleep = min(sleep * 2, 2e-3)
 
@@ -666,6 +722,7 @@ class _Evaluation:
         if int(h.timed_out[0]) != 0:
             failure = failure or (f"timeout: the device barrier waited in vain for rank "
                                   f"{int(h.timed_out[0]) - 1} (it never arrived: a hang or a crash there)")
+        failure = failure or self._wait_verdict(what)
         ms = float(start.elapsed_time(end))
         worst = h._host_max(2 if failure else 1 if held and int(h.timed_out[1]) != 0 else 0)
         if worst == 2:

@@ -1,12 +1,13 @@
 /*
  * ADVERSARIAL candidate for sample_kernels/allgather (test data: it must never be scored).
  *
- * spins_forever: a kernel that never ends.
- * Cheat (or bug): after the all-gather each CTA waits for an acknowledgement flag that no rank ever sets. The
- * step never completes; the harness must not wait for it.
+ * spins_forever: a kernel that never ends, in a spin of its own.
+ * Cheat (or bug): after the all-gather each CTA spins, in a loop it writes itself (not the runtime's cuco_wait),
+ * for an acknowledgement flag that no rank ever sets. The step never completes; the harness must not wait for it.
  *
- * Expected: L2, the watchdog ends the step (timeout: max(2 s, 50x the seed's step)), the rank processes'
- * group is killed and the worker recycled; the search goes on.
+ * Expected: L2, the watchdog ends the step (timeout: max(2 s, 50x the seed's step)). The runtime's waits are told
+ * to give up first, but this spin is not one of them: the rank processes' group is killed and the worker
+ * recycled; the search goes on. (The same wait through cuco_wait ends without a restart: waits_on_unraised_flag.cu.)
  */
 #include "cuco_lsa.h"
 
@@ -64,8 +65,13 @@ allgather_push(ncclDevComm devComm, ncclWindow_t yWin, const Vec* __restrict__ x
 
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 
-  // Wait for an acknowledgement nobody ever sends: the flag never reaches 1 << 62, the kernel never ends.
-  if (threadIdx.x == 0) cuco_wait(cuco_user_flag(flags, me, 0), 1ull << 62);
+  // Wait for an acknowledgement nobody ever sends, in a spin of its own: the flag never reaches 1 << 62, the
+  // kernel never ends.
+  if (threadIdx.x == 0) {
+    cuda::atomic_ref<const uint64_t, cuda::thread_scope_system> ack(*cuco_user_flag(flags, me, 0));
+    while (ack.load(cuda::memory_order_acquire) < (1ull << 62)) {
+    }
+  }
   __syncthreads();
 }
 // EVOLVE-BLOCK-END

@@ -1,0 +1,80 @@
+"""Bounded waits on a real GPU (H200): a candidate whose kernel waits, through the runtime's cuco_wait, on a flag no
+rank raises (tests/data/adversarial/waits_on_unraised_flag.cu) gets a verdict naming the flag within the step limit,
+and the same warm world (the same rank processes, no new start) evaluates the next candidate: at 2 `symm` ranks
+(its L2 trials on the stress build) and at 1 `nccl` rank (the capture pass first). A spin the candidate writes
+itself (spins_forever.cu) is still the watchdog's: the world is started again."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cuco_kit.evaluate.api import EvalRequest, EvalResult
+from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
+from cuco_kit.evaluate.pool import WorkerGroup
+
+ROOT = Path(__file__).resolve().parents[2]
+WL = ROOT / "sample_kernels" / "allgather"
+ADV = ROOT / "tests" / "data" / "adversarial"
+PARAMS = {"N_PER_RANK": 1 << 20}
+WAIT_ABORT_GRACE_S = 2.0  # rank/harness.py: a step stuck in the runtime's waits ends within it once aborted
+VERDICT = re.compile(r"rank (\d+): timeout: waited on user flag \(peer (\d+), slot 3\) epoch (\d+) for ([\d.]+) s")
+
+pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU (nvidia-smi)")
+
+
+def _eval(evaluator: GpuEvaluator, source: Path, backend: str, world: int) -> EvalResult:
+    return evaluator.evaluate(EvalRequest(candidate_code=source.read_text(), workload_dir=str(WL), params=PARAMS,
+                                          world_size=world, backend=backend, iters=5, trials=2, label=source.name))
+
+
+def _world(evaluator: GpuEvaluator) -> tuple[WorkerGroup, list[object]]:
+    """The evaluator's one warm world and its rank processes' pids."""
+    groups = list(evaluator.pool.groups.values())
+    assert len(groups) == 1, f"{len(groups)} warm worlds"
+    return groups[0], [i.get("pid") for i in groups[0].info]
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("backend, world", [("symm", 2), ("nccl", 1)])
+def test_a_flag_nobody_raises_ends_in_a_verdict_naming_it_in_the_same_world(evaluator: GpuEvaluator, backend: str,
+                                                                             world: int) -> None:
+    evaluator.pool.close()  # this case's world only
+    warm = _eval(evaluator, WL / "device_lsa.cu", backend, world)
+    assert warm.verdict == "pass", f"{warm.verdict}: {warm.reason}"
+    group, pids = _world(evaluator)
+    starts, recycles = evaluator.pool.starts, list(evaluator.pool.recycles)
+
+    hung = _eval(evaluator, ADV / "waits_on_unraised_flag.cu", backend, world)
+    assert hung.verdict == "fail" and hung.level_reached == "L2", f"{hung.verdict}: {hung.reason}"
+    assert hung.median_ms is None and hung.speedup is None
+    found = VERDICT.search(hung.reason)
+    assert found, hung.reason
+    rank, peer, epoch, waited = int(found[1]), int(found[2]), int(found[3]), float(found[4])
+    assert rank == peer < world and epoch >= 1, hung.reason  # each rank waits on its own slot 3
+    limit = float(hung.provenance["step_limit_s"])
+    assert 0 < waited <= limit + WAIT_ABORT_GRACE_S, (waited, limit)
+    assert evaluator.pool.starts == starts and evaluator.pool.recycles == recycles, evaluator.pool.recycles
+    assert _world(evaluator) == (group, pids) and group.alive()
+
+    after = _eval(evaluator, WL / "device_lsa.cu", backend, world)
+    assert after.verdict == "pass", f"{after.verdict}: {after.reason}"
+    assert after.provenance["warm_workers"] is True
+    assert evaluator.pool.starts == starts and _world(evaluator) == (group, pids)
+    evaluator.pool.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_a_spin_of_its_own_is_still_the_watchdogs_and_restarts_the_world(evaluator: GpuEvaluator) -> None:
+    evaluator.pool.close()
+    assert _eval(evaluator, WL / "device_lsa.cu", "symm", 2).verdict == "pass"
+    starts = evaluator.pool.starts
+    hung = _eval(evaluator, ADV / "spins_forever.cu", "symm", 2)
+    assert hung.verdict == "fail" and "timeout" in hung.reason and "spin of its own" in hung.reason, hung.reason
+    assert hung.median_ms is None
+    after = _eval(evaluator, WL / "device_lsa.cu", "symm", 2)
+    assert after.verdict == "pass" and evaluator.pool.starts == starts + 1, (after.reason, evaluator.pool.recycles)
+    evaluator.pool.close()
