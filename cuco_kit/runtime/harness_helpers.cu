@@ -6,6 +6,9 @@
 //                         right before the start event so every rank's timed step starts together.
 //   cuco_h_spin           a single-thread delay (jitter before verification trials: a missing wait on a peer
 //                         flag shows when one rank is late).
+//   cuco_h_interfere      schedule perturbation of a verification trial (rank/perturb.py): CTAs that hold SMs
+//                         for a random time and free them one by one, so the candidate's CTAs on that rank start
+//                         at different times, late, mid-step, whatever signalling the candidate uses.
 //   cuco_h_hold / cuco_h_release  the stream holder of device timing (nvbench's blocking kernel): one thread
 //                         spins on a host-mapped word until the host has enqueued the whole step and stores the
 //                         release value, so the events time the device's work with the step already queued, not
@@ -69,6 +72,27 @@ __global__ void spin_kernel(uint64_t ns) {
   while (global_ns() - start < ns) __nanosleep(500);
 }
 
+// splitmix64's finaliser: a per-CTA hold time from one seed.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Threads of one interference CTA: two of them fill an SM's 2048 thread slots, so no candidate CTA can share it.
+constexpr int kInterfereThreads = 1024;
+
+// Each CTA holds its SM from the moment it is scheduled for between hold_ns / 2 and hold_ns (drawn per CTA), so
+// the SMs come free one by one. Every thread stays (sleeping, to leave issue slots and memory to the others):
+// a CTA's thread slots are taken until all of its threads have exited.
+__global__ void __launch_bounds__(kInterfereThreads) interfere_kernel(uint64_t hold_ns, uint64_t seed) {
+  __shared__ uint64_t until;
+  if (threadIdx.x == 0) until = global_ns() + hold_ns / 2 + mix64(seed ^ blockIdx.x) % (hold_ns / 2 + 1);
+  __syncthreads();
+  while (global_ns() < until) __nanosleep(1000);
+}
+
 // Holds the stream until *release >= epoch (host-mapped, written by cuco_h_release) or timeout_ns has passed.
 __global__ void hold_kernel(const uint64_t* release, uint64_t epoch, uint64_t timeout_ns, volatile int* timed_out) {
   const uint64_t start = global_ns();
@@ -97,6 +121,14 @@ CUCO_H_EXPORT int cuco_h_barrier(uint64_t* const* peers_dev, size_t base, int ra
 
 CUCO_H_EXPORT int cuco_h_spin(uint64_t ns, cudaStream_t stream) {
   spin_kernel<<<1, 1, 0, stream>>>(ns);
+  return (int)cudaGetLastError();
+}
+
+// `blocks` CTAs of kInterfereThreads threads on `stream` (best a high-priority one: its CTAs are then scheduled
+// before the candidate's waiting ones).
+CUCO_H_EXPORT int cuco_h_interfere(int blocks, uint64_t hold_ns, uint64_t seed, cudaStream_t stream) {
+  if (blocks < 1) return (int)cudaErrorInvalidValue;
+  interfere_kernel<<<blocks, kInterfereThreads, 0, stream>>>(hold_ns, seed);
   return (int)cudaGetLastError();
 }
 

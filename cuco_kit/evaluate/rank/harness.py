@@ -17,10 +17,11 @@ the outputs again (a difference means work that was not joined to ctx->stream, o
 and with the oracle: the workload's torch reference, computed on this GPU in float32 from every rank's inputs
 regenerated from the seeds, or, for a workload whose oracle is its seed (differential verification), the seed's
 own outputs of the same iteration, recorded when the seed ran in this world just before (same request seed, so
-the same inputs). NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
-missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run on it instead:
-each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
-return, and a jitter past everyone else's; the timed build is loaded afterwards.
+the same inputs). NaN never passes. At two ranks and more the L2 trials perturb the schedule (rank/perturb.py):
+each trial has a late rank (each rank in turn) that starts past everyone else's random start delay, pauses inside
+the runtime's primitives when a stress build (runtime/cuco_stress.h) is given (the L2 trials then run on it and
+the timed build is loaded afterwards), and shares its SMs with an interference kernel that holds them for a random
+time, so the candidate's CTAs there start late and at different times whatever it signals with.
 Host NCCL under symm: a library that exports cuco_host_nccl_bind (a symm build of a source that includes <nccl.h>,
 runtime/symm_nccl/nccl.h) gets a staging window (one per worker, zeroed at every load) and is bound to it before
 cuco_setup; its communicator becomes ctx->nccl_comm.
@@ -34,7 +35,6 @@ import _ctypes
 import ctypes
 import math
 import os
-import random
 import shutil
 import time
 from collections.abc import Mapping
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch.distributed import PrefixStore
 from torch.profiler import ProfilerActivity, profile
 
-from cuco_kit.evaluate.rank import abi
+from cuco_kit.evaluate.rank import abi, perturb
 from cuco_kit.evaluate.rank.backends import Backend, NcclBackend, SymmBackend
 from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, verified_iterations
 from cuco_kit.workload import DTYPES, load_workload
@@ -93,6 +93,7 @@ class Helpers:
         specs = {
             "cuco_h_barrier": [vp, ctypes.c_size_t, i, i, u64, u64, vp, vp],
             "cuco_h_spin": [u64, vp],
+            "cuco_h_interfere": [i, u64, u64, vp],
             "cuco_h_hold": [vp, u64, u64, vp, vp],
             "cuco_h_release": [vp, u64],
             "cuco_h_fill_peer_table": [vp, vp, i, vp],
@@ -153,6 +154,8 @@ class RankHarness:
         dist.init_process_group("gloo", store=PrefixStore("gloo", chan.store), rank=rank, world_size=world)
         self.dist = dist
         self.stream = torch.cuda.Stream(device=self.dev)
+        # the L2 trials' interference kernel (rank/perturb.py): high priority, so its CTAs take the SMs first
+        self.interference_stream = torch.cuda.Stream(device=self.dev, priority=-1)
         self.helpers = Helpers(config["helpers_so"])
         self.backend: Backend
         if self.backend_name == "nccl":
@@ -605,7 +608,7 @@ class _Evaluation:
             time.sleep(sleep)
             sleep = min(sleep * 2, 2e-3)
 
-    def _step(self, trial: int, what: str, level: str, *, verify: bool, jitter_ns: int = 0,
+    def _step(self, trial: int, what: str, level: str, *, verify: bool, plan: perturb.TrialPlan | None = None,
               capture: bool = False, held: bool = False) -> tuple[float, bool]:
         """One protocol iteration; returns this rank's step time in ms and whether the hold (``held``: device
         timing) timed out on any rank, which makes the time meaningless. Raises CandidateFailure (all ranks do,
@@ -620,10 +623,8 @@ class _Evaluation:
         if held:
             self._hold()
         self._device_barrier()
-        if jitter_ns:
-            rc = h.helpers.cuco_h_spin(int(jitter_ns), ctypes.c_void_p(h.stream.cuda_stream))
-            if rc != 0:
-                raise RuntimeError(f"jitter launch failed: {h.helpers.error_name(rc)}")
+        if plan is not None:
+            self._perturb(plan)
         start.record(h.stream)
         self.ctx.epoch += 1
         failure = ""
@@ -757,39 +758,50 @@ class _Evaluation:
             self._step(trial=10_000, what="capture pass", level="L2", verify=False, capture=True)
 
     def _verify_trials(self, stress: dict[str, Any] | None) -> None:
-        """The L2 trials: fresh inputs, jitter at world > 1, every one verified. With ``stress`` (the stress build
-        is loaded) each trial has a late rank, each rank in turn: it draws new random pauses for the runtime's
-        primitives and a jitter past everyone else's, while the other ranks run without pauses, so whatever a
-        peer leaves uncovered by its flags and waits is still in flight when they finish."""
+        """The L2 trials: fresh inputs, every one verified, and at world > 1 a perturbed schedule (rank/perturb.py):
+        one late rank per trial, each rank in turn, with a start delay past everyone else's, the stress build's
+        pauses (``stress``: the stress build is loaded) and an interference kernel, while the other ranks run
+        unperturbed, so whatever a peer leaves uncovered by its flags and waits is still in flight when they
+        finish."""
         h = self.h
         trials = int(self.cmd.get("trials", 3))
-        jitter_max_ns = int(float(self.cmd.get("jitter_us", 200.0)) * 1000)
-        rng = random.Random(f"jitter:{self.seed}:{h.rank}")
         configure = getattr(self.lib, "cuco_stress_configure", None) if stress else None
         if configure is not None:
             configure.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
             configure.restype = ctypes.c_int
-        if stress:
-            self.notes.append(
-                "L2 trials ran on the stress build: " + (
-                    f"one late rank per trial, with random pauses up to {stress['max_delay_ns'] / 1000:g} us "
-                    f"after {stress['permille'] / 10:g}% of its signals and before as many waits return"
-                    if configure is not None else
-                    "it uses none of the runtime's signalling primitives, so only the harness's jitter applies"))
+        knobs = perturb.Knobs.from_command(self.cmd, stress, configure is not None, h.sm_count,
+                                           os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+        if h.world > 1:
+            self.notes += perturb.describe(knobs, stress)
         for t in range(trials):
             h._progress("L2", "verify", t, trials, self.step_limit_s + 10)
-            jitter = rng.randrange(0, jitter_max_ns + 1) if jitter_max_ns and h.world > 1 else 0
-            late = bool(stress) and h.world > 1 and (t + self.seed) % h.world == h.rank
-            if late:
-                jitter = jitter_max_ns + rng.randrange(0, jitter_max_ns + 1)
+            plan = perturb.plan_trial(self.seed, t, h.rank, h.world, knobs)
             if configure is not None and stress is not None:
-                rc = int(configure(random.Random(f"stress:{self.seed}:{t}:{h.rank}").getrandbits(64),
-                                   int(stress["max_delay_ns"]) if late else 0, int(stress["permille"])))
+                rc = int(configure(plan.stress_seed, plan.stress_max_ns, int(stress["permille"])))
                 if rc != 0:
                     raise RuntimeError(f"cuco_stress_configure failed: {h.helpers.error_name(rc)}")
-            self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True,
-                       jitter_ns=jitter)
+            self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True, plan=plan)
         h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
+
+    def _perturb(self, plan: perturb.TrialPlan) -> None:
+        """Right after this rank's device barrier: the trial's interference kernel on its own stream (which waits
+        for the barrier, then for the plan's offset), and this rank's start delay on the harness stream."""
+        h = self.h
+        if plan.interference is not None:
+            barrier_done = torch.cuda.Event()
+            barrier_done.record(h.stream)
+            h.interference_stream.wait_event(barrier_done)
+            side = ctypes.c_void_p(h.interference_stream.cuda_stream)
+            i = plan.interference
+            rc = h.helpers.cuco_h_spin(i.offset_ns, side) if i.offset_ns else 0
+            if rc == 0:
+                rc = h.helpers.cuco_h_interfere(i.blocks, i.hold_ns, i.seed, side)
+            if rc != 0:
+                raise RuntimeError(f"interference launch failed: {h.helpers.error_name(rc)}")
+        if plan.jitter_ns:
+            rc = h.helpers.cuco_h_spin(int(plan.jitter_ns), ctypes.c_void_p(h.stream.cuda_stream))
+            if rc != 0:
+                raise RuntimeError(f"jitter launch failed: {h.helpers.error_name(rc)}")
 
     def _device_time(self, trial: int, what: str, verify: bool) -> float | None:
         """One held iteration's time; None once this candidate is timed end to end only. A stalled hold is
