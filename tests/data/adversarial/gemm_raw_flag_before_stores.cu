@@ -32,7 +32,7 @@ enum class Issuer { kThread, kWarp, kCta };
 
 // EVOLVE-BLOCK-START knobs
 constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream, Placement::kPersistent}
-constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}
+constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kChunkFlags}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kThread, Issuer::kWarp, Issuer::kCta}
 constexpr int kChunks = 4;  // knob: {1, 2, 4, 8}
 // EVOLVE-BLOCK-END
@@ -127,8 +127,8 @@ __device__ __forceinline__ void unit_sync() {
 // Work items are (chunk, piece, peer), chunk-major so chunks complete in order, peer fastest so every peer
 // receives chunk c at the same time. Each item is owned by one unit. With kChunkFlags the unit's leader bumps
 // the (chunk, peer) arrival counter (acq_rel, system scope: it carries the unit's stores along) and the
-// leader that completes the count raises the peer's (source = rank, chunk) flag. With kFinalBarrier every CTA
-// then joins LSA barrier blockIdx.x: it returns once the same CTA of every peer has stored its share.
+// leader that completes the count raises the peer's (source = rank, chunk) flag. (This candidate signals by hand:
+// the parent's LSA barrier variant, kFinalBarrier, is gone.)
 template <Issuer I, Sync S, bool kFinalBarrier>
 __global__ void __launch_bounds__(kPutThreads) put_kernel(PutArgs a) {
   constexpr int kUnitThreads = unit_threads<I>();
@@ -165,10 +165,7 @@ __global__ void __launch_bounds__(kPutThreads) put_kernel(PutArgs a) {
     }
     copy_piece(dst, src, v0, v1, lane, kUnitThreads);
   }
-  if constexpr (kFinalBarrier) {
-    ncclLsaBarrierSession<ncclCoopCta> bar(ncclCoopCta(), a.dc, ncclTeamTagLsa(), blockIdx.x);
-    bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
-  }
+  static_assert(!kFinalBarrier, "no LSA barrier in this candidate");
 }
 
 // Spin until flags[i] >= epoch for every i in [0, n) outside [skip_begin, skip_end) (our own chunks).
