@@ -10,9 +10,10 @@
 // and whenever the copies land before the consumer's GEMM reads them.
 //
 // Why it is here: the stress build pauses only inside the runtime's primitives (none here). At the small preset a
-// chunk is 256 KiB and its copy is over before the consumer's GEMM starts: caught 0 of 20 at 2 ranks when this
-// race was first measured. At M = N = K = 4096 a chunk is 4 MiB and the copy still runs while the GEMM reads:
-// the race-check size (the workload's smallest preset moving at least 8 MiB per rank) is what shows it.
+// chunk is 256 KiB and its copy is over before the consumer's GEMM starts (a raw flag-before-stores on this
+// workload was caught in 0 of 20 seeds at 2 ranks at M = N = K = 1024, in 20 of 20 at 4096, when first measured).
+// At 4096 a chunk is 4 MiB and the copy still runs while the GEMM reads: the race-check size (the workload's
+// smallest preset moving at least 8 MiB per rank) is what shows it.
 //
 // Expected: L2, verification fails at world size 2+ (small preset, with its race-check size).
 #include <cublas_v2.h>
