@@ -40,7 +40,7 @@ def test_release_stores_the_epoch_the_hold_waits_for(helpers: ctypes.CDLL) -> No
 
 def test_the_interference_kernel_is_exported_and_refuses_an_empty_grid(helpers: ctypes.CDLL) -> None:
     fn = helpers.cuco_h_interfere
-    fn.argtypes = [ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64]
     fn.restype = ctypes.c_int
     for blocks in (0, -3):
-        assert fn(blocks, 1000, 1, None) == CUDA_ERROR_INVALID_VALUE
+        assert fn(None, 0, blocks, 1000, 1) == CUDA_ERROR_INVALID_VALUE

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from cuco_kit.evaluate.rank import harness
 from cuco_kit.evaluate.rank import perturb as P
 from cuco_kit.evaluate.rank.harness import _Evaluation
 
@@ -79,8 +78,8 @@ def test_interference_draws_stay_in_their_ranges_and_mostly_precede_the_step() -
         assert i is not None
         assert KNOBS.interference_max_hold_ns / 10 - 1 <= i.hold_ns <= KNOBS.interference_max_hold_ns
         assert i.blocks in {round(P.CTAS_PER_SM * KNOBS.sm_share * s) for s in P.SM_SHARES}
-        if i.offset_ns <= late.jitter_ns:  # before the step: still holding the SMs when its CTAs arrive
-            assert i.offset_ns >= late.jitter_ns - i.hold_ns / 2
+        if i.offset_ns <= late.jitter_ns:  # before the step: every CTA still holds its SM when the step's arrive
+            assert i.offset_ns >= late.jitter_ns - i.hold_ns / 4
             before += 1
         else:  # mid-step
             assert P.MID_STEP_MIN_NS <= i.offset_ns - late.jitter_ns <= KNOBS.interference_max_hold_ns
@@ -146,69 +145,47 @@ def test_verify_trials_hands_each_step_its_plan_and_notes_the_interference(monke
 
 
 class _Helpers:
-    """cuco_h_spin / cuco_h_interfere as ctypes shows them: record (name, args, stream) and return a code."""
+    """cuco_h_spin / cuco_h_interfere as ctypes shows them: record what was launched after what, return a code."""
 
     def __init__(self, fail: str = "") -> None:
-        self.calls: list[tuple[str, tuple[Any, ...], int]] = []
+        self.calls: list[tuple[Any, ...]] = []
         self.fail = fail
 
-    def _call(self, name: str, args: tuple[Any, ...], stream: Any) -> int:
-        self.calls.append((name, args, stream.value))
-        return 700 if name == self.fail else 0
-
     def cuco_h_spin(self, ns: int, stream: Any) -> int:
-        return self._call("spin", (ns,), stream)
+        self.calls.append(("spin", ns, stream.value))
+        return 700 if self.fail == "spin" else 0
 
-    def cuco_h_interfere(self, blocks: int, hold_ns: int, seed: int, stream: Any) -> int:
-        return self._call("interfere", (blocks, hold_ns, seed), stream)
+    def cuco_h_interfere(self, after: Any, offset_ns: int, blocks: int, hold_ns: int, seed: int) -> int:
+        self.calls.append(("interfere", after.value, offset_ns, blocks, hold_ns, seed))
+        return 700 if self.fail == "interfere" else 0
 
     @staticmethod
     def error_name(code: int) -> str:
         return f"cudaError({code})"
 
 
-class _Event:
-    def __init__(self) -> None:
-        self.recorded_on: Any = None
-
-    def record(self, stream: Any) -> None:
-        self.recorded_on = stream
-
-
-class _Stream:
-    def __init__(self, handle: int) -> None:
-        self.cuda_stream = handle
-        self.waited: list[Any] = []
-
-    def wait_event(self, ev: Any) -> None:
-        self.waited.append(ev)
-
-
-def _perturbing(monkeypatch: pytest.MonkeyPatch, helpers: _Helpers) -> _Evaluation:
-    monkeypatch.setattr(harness.torch.cuda, "Event", _Event)
+def _perturbing(helpers: _Helpers) -> _Evaluation:
     ev = _Evaluation.__new__(_Evaluation)
-    ev.h = NS(helpers=helpers, stream=_Stream(11), interference_stream=_Stream(22))
+    ev.h = NS(helpers=helpers, stream=NS(cuda_stream=11))
     return ev
 
 
-def test_perturb_launches_the_interference_after_the_barrier_on_its_stream_then_the_delay(monkeypatch) -> None:
+def test_perturb_gates_the_interference_on_the_barrier_then_delays_this_ranks_start() -> None:
     helpers = _Helpers()
-    ev = _perturbing(monkeypatch, helpers)
     plan = P.TrialPlan(late_rank=1, is_late=True, jitter_ns=300_000, stress_seed=1, stress_max_ns=0,
                        interference=P.Interference(offset_ns=250_000, hold_ns=90_000, blocks=132, seed=9))
-    ev._perturb(plan)
-    (barrier,) = ev.h.interference_stream.waited
-    assert barrier.recorded_on is ev.h.stream  # the interference stream waits for the harness stream's barrier
-    assert helpers.calls == [("spin", (250_000,), 22), ("interfere", (132, 90_000, 9), 22), ("spin", (300_000,), 11)]
+    _perturbing(helpers)._perturb(plan)
+    # the interference waits for what the harness stream holds so far (the device barrier), not for the delay
+    assert helpers.calls == [("interfere", 11, 250_000, 132, 90_000, 9), ("spin", 300_000, 11)]
     helpers.calls.clear()
-    ev._perturb(P.TrialPlan(late_rank=1, is_late=False, jitter_ns=5, stress_seed=1, stress_max_ns=0,
-                            interference=None))
-    assert helpers.calls == [("spin", (5,), 11)]  # an on-time rank: its own delay only
+    _perturbing(helpers)._perturb(P.TrialPlan(late_rank=1, is_late=False, jitter_ns=5, stress_seed=1,
+                                              stress_max_ns=0, interference=None))
+    assert helpers.calls == [("spin", 5, 11)]  # an on-time rank: its own delay only
 
 
-def test_a_failed_interference_launch_is_a_harness_error(monkeypatch) -> None:
-    ev = _perturbing(monkeypatch, _Helpers(fail="interfere"))
-    plan = P.TrialPlan(late_rank=0, is_late=True, jitter_ns=0, stress_seed=1, stress_max_ns=0,
+@pytest.mark.parametrize("fail, what", [("interfere", "interference"), ("spin", "jitter")])
+def test_a_failed_launch_is_a_harness_error(fail: str, what: str) -> None:
+    plan = P.TrialPlan(late_rank=0, is_late=True, jitter_ns=10, stress_seed=1, stress_max_ns=0,
                        interference=P.Interference(offset_ns=0, hold_ns=20_000, blocks=4, seed=1))
-    with pytest.raises(RuntimeError, match="interference launch failed: cudaError\\(700\\)"):
-        ev._perturb(plan)
+    with pytest.raises(RuntimeError, match=f"{what} launch failed: cudaError\\(700\\)"):
+        _perturbing(_Helpers(fail=fail))._perturb(plan)

@@ -93,7 +93,7 @@ class Helpers:
         specs = {
             "cuco_h_barrier": [vp, ctypes.c_size_t, i, i, u64, u64, vp, vp],
             "cuco_h_spin": [u64, vp],
-            "cuco_h_interfere": [i, u64, u64, vp],
+            "cuco_h_interfere": [vp, u64, i, u64, u64],
             "cuco_h_hold": [vp, u64, u64, vp, vp],
             "cuco_h_release": [vp, u64],
             "cuco_h_fill_peer_table": [vp, vp, i, vp],
@@ -154,8 +154,6 @@ class RankHarness:
         dist.init_process_group("gloo", store=PrefixStore("gloo", chan.store), rank=rank, world_size=world)
         self.dist = dist
         self.stream = torch.cuda.Stream(device=self.dev)
-        # the L2 trials' interference kernel (rank/perturb.py): high priority, so its CTAs take the SMs first
-        self.interference_stream = torch.cuda.Stream(device=self.dev, priority=-1)
         self.helpers = Helpers(config["helpers_so"])
         self.backend: Backend
         if self.backend_name == "nccl":
@@ -784,18 +782,13 @@ class _Evaluation:
         h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
 
     def _perturb(self, plan: perturb.TrialPlan) -> None:
-        """Right after this rank's device barrier: the trial's interference kernel on its own stream (which waits
-        for the barrier, then for the plan's offset), and this rank's start delay on the harness stream."""
+        """Right after this rank's device barrier: the trial's interference kernel (on a stream of its own, once the
+        barrier is done and the plan's offset later), then this rank's start delay on the harness stream."""
         h = self.h
-        if plan.interference is not None:
-            barrier_done = torch.cuda.Event()
-            barrier_done.record(h.stream)
-            h.interference_stream.wait_event(barrier_done)
-            side = ctypes.c_void_p(h.interference_stream.cuda_stream)
-            i = plan.interference
-            rc = h.helpers.cuco_h_spin(i.offset_ns, side) if i.offset_ns else 0
-            if rc == 0:
-                rc = h.helpers.cuco_h_interfere(i.blocks, i.hold_ns, i.seed, side)
+        i = plan.interference
+        if i is not None:
+            rc = h.helpers.cuco_h_interfere(ctypes.c_void_p(h.stream.cuda_stream), i.offset_ns, i.blocks, i.hold_ns,
+                                            i.seed)
             if rc != 0:
                 raise RuntimeError(f"interference launch failed: {h.helpers.error_name(rc)}")
         if plan.jitter_ns:

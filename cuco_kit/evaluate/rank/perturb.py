@@ -11,9 +11,9 @@ their output snapshot) while the late rank's work is still in flight. What makes
   stress        its pauses inside the runtime's primitives (runtime/cuco_stress.h, the stress build): after a
                 signal and before a wait returns. Catches flags raised too early, waits that cover too little,
                 but only for candidates that signal through the runtime.
-  interference  a helper kernel (runtime/harness_helpers.cu, cuco_h_interfere) on a high-priority stream of its
-                own, started a random time after the device barrier, whose CTAs hold the SMs this rank may use
-                for a random time and free them one by one. The candidate's CTAs there start late and at
+  interference  a helper kernel (runtime/harness_helpers.cu, cuco_h_interfere) on a stream of its own at the
+                highest priority, started a random time after the device barrier, whose CTAs hold the SMs this
+                rank may use for a random time and free them one by one. The candidate's CTAs there start late and at
                 different times, and its later kernels start late: a flag raised by the unit that happens to run
                 first shows, whatever the candidate signals with (raw atomics included).
 
@@ -93,14 +93,15 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
 def interference_for(seed: int, trial: int, knobs: Knobs, late_jitter_ns: int) -> Interference:
     """The late rank's interference in (seed, trial): its hold (log-uniform, a tenth of the longest up to the
     longest), the share of the rank's SMs it takes (SM_SHARES), and when it starts: in BEFORE_STEP of the trials
-    shortly before the late rank's step (its jitter, less up to half a hold: the SMs are still held when the step's
-    CTAs arrive), otherwise a log-uniform time after the step started (its later CTAs and kernels)."""
+    shortly before the late rank's step (its jitter, less up to a quarter of the hold: every CTA, holding at least
+    half of it, still holds its SM when the step's CTAs arrive), otherwise a log-uniform time after the step
+    started (its later CTAs and kernels)."""
     rng = random.Random(f"interfere:{seed}:{trial}")
     longest = knobs.interference_max_hold_ns
     hold = int(_log_uniform(rng, longest / 10, longest))
     blocks = max(1, round(CTAS_PER_SM * knobs.sm_share * rng.choice(SM_SHARES)))
     if rng.random() < BEFORE_STEP:
-        offset = max(0, late_jitter_ns - int(rng.uniform(0, hold / 2)))
+        offset = max(0, late_jitter_ns - int(rng.uniform(0, hold / 4)))
     else:
         offset = late_jitter_ns + int(_log_uniform(rng, MID_STEP_MIN_NS, max(MID_STEP_MIN_NS, longest)))
     return Interference(offset_ns=offset, hold_ns=hold, blocks=blocks, seed=rng.getrandbits(64))
@@ -135,9 +136,9 @@ def describe(knobs: Knobs, stress: dict[str, Any] | None) -> list[str]:
             f"the others start within {knobs.jitter_ns / 1000:g} us" if knobs.jitter_ns else ""))
     if stress:
         notes.append("L2 trials ran on the stress build: " + (
-            f"the late rank pauses up to {knobs.stress_max_ns / 1000:g} us after {stress['permille'] / 10:g}% of its "
-            f"signals and before as many waits return" if knobs.stress_max_ns else
-            "it uses none of the runtime's signalling primitives, so there is nothing to pause"))
+            f"one late rank per trial, with random pauses up to {knobs.stress_max_ns / 1000:g} us after "
+            f"{stress['permille'] / 10:g}% of its signals and before as many waits return" if knobs.stress_max_ns else
+            "it uses none of the runtime's signalling primitives, so only the harness's own perturbation applies"))
     if knobs.interference_max_hold_ns:
         notes.append(f"L2 trials: an interference kernel holds up to {max(SM_SHARES):g}x the late rank's SMs for "
                      f"up to {knobs.interference_max_hold_ns / 1000:g} us, before or during its step")
