@@ -14,8 +14,11 @@ At two ranks and more a candidate (and the seed) that uses the runtime's signall
 the stress define (build.stress_config): its L2 trials run with the primitives pausing at random
 (runtime/cuco_stress.h), then the pauses are switched off and L3 times the same loaded library, whose disabled
 hooks cost one predicated-off branch per signal and wait, on the seed's side as on the candidate's. One build
-and one load instead of two halves the nvcc work of a cold cache. Every passing result carries both timings
-(device and end to end, docs/timing.md); the ratio to the seed compares the same timing on both sides.
+and one load instead of two halves the nvcc work of a cold cache. The trials' schedule is perturbed whatever the
+candidate signals with (rank/perturb.py: a late rank per trial with a start delay and an interference kernel),
+and a candidate that passes at sizes too small to race runs its L2 trials once more at a larger size preset
+(race_size.py). Every passing result carries both timings (device and end to end, docs/timing.md); the ratio to
+the seed compares the same timing on both sides.
 
 Safe to call from a worker thread (one evaluation at a time per evaluator; a lock serialises callers). An executor
 runs several evaluators at once, one per GPU set: ``EvaluatorConfig.visible_devices`` gives each its GPUs (its
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
+from cuco_kit.evaluate import race_size
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Level, Progress, Verdict
 from cuco_kit.evaluate.build import (
     BuildConfig,
@@ -72,10 +76,16 @@ class EvaluatorConfig:
     flush_bytes: int = FLUSH_BYTES
     use_mps: bool = True  # symm: run ranks under MPS (started only when no daemon answers)
     mps_thread_percentage: int | None = None  # per rank; None = round(100 / world)
-    jitter_us: float = 200.0  # max random per-rank delay before each L2 trial (world > 1)
-    stress: bool = True  # world > 1: L2 trials on the stress build (random pauses in the signalling primitives)
+    # Race amplification of the L2 trials at world > 1 (docs/timing.md says what each one catches and costs).
+    jitter_us: float = 200.0  # J: the late rank starts J..2J after the device barrier, the others within J (0: off)
+    stress: bool = True  # L2 trials on the stress build (random pauses in the runtime's signalling primitives)
     stress_max_delay_us: float = 50.0  # longest pause after a signal / before a wait returns
     stress_permille: int = 500  # chance of a pause per call, in 1/1000
+    interference: bool = True  # the late rank shares its SMs with a kernel holding them for a random time
+    interference_max_hold_us: float = 200.0  # the longest time one interference CTA holds its SM
+    race_size: bool = True  # L2 trials again at a larger preset when the request's traffic is under the threshold
+    race_size_min_bytes: int = 8 << 20  # per rank and step (race_size.traffic_bytes)
+    race_size_max_gpu_bytes: int = 2 << 30  # tensors of the race-check size on one GPU, every rank sharing it
     hold_timeout_s: float = 0.5  # device timing: a hold not released by then is a step that waits on its stream
     seed_step_limit_s: float = 30.0  # watchdog for the seed itself (no reference time yet)
     min_step_limit_s: float = 2.0  # watchdog: max(min_step_limit_s, step_limit_factor x seed step)
@@ -390,11 +400,27 @@ class GpuEvaluator:
         return GroupSpec(world=req.world_size, config=config, scratch=scratch, extra_env=extra,
                          per_rank_env=per_rank, pythonpath=str(REPO_ROOT))
 
+    @staticmethod
+    def _world_key(req: EvalRequest, params: dict[str, int]) -> str:
+        """The pool's key of the world that serves ``req`` at ``params``."""
+        return json.dumps([str(Path(req.workload_dir).resolve()), sorted(params.items()), req.world_size,
+                           req.backend])
+
+    def _command_at(self, req: EvalRequest, params: dict[str, int], cmd: dict[str, Any], fingerprint: str,
+                    progress: Progress | None) -> EvalResult:
+        """``cmd`` in the (warm) world of ``req`` at ``params``: the race-check size's world."""
+        try:
+            group = self.pool.group(self._world_key(req, params), lambda s: self._group_spec(req, params, s),
+                                    progress, fingerprint=fingerprint)
+        except WorkerError as exc:
+            return EvalResult("L1", "error", f"rank workers did not start: {exc}",
+                              logs={k: _tail(v) for k, v in exc.logs.items()}, provenance={"_flags": "fatal"})
+        return self._command(group, cmd, progress)
+
     def _run_gpu(self, req: EvalRequest, wl: Workload, params: dict[str, int], so: Path, seed_so: Path | None,
                  stress_so: Path | None, prov: dict[str, Any], logs: dict[str, str], notes: list[str],
                  progress: Progress | None) -> EvalResult:
-        key = json.dumps([str(Path(req.workload_dir).resolve()), sorted(params.items()), req.world_size,
-                          req.backend])
+        key = self._world_key(req, params)
         fingerprint = workload_fingerprint(wl.directory)
         starts_before = self.pool.starts
         try:
@@ -419,6 +445,8 @@ class GpuEvaluator:
             prov["mps"] = False
         base_cmd = {"op": "eval", "trials": req.trials, "warmup": req.warmup, "iters": req.iters,
                     "verify_every": req.verify_every, "seed": req.seed, "jitter_us": self.cfg.jitter_us,
+                    "interference": ({"max_hold_ns": int(self.cfg.interference_max_hold_us * 1000)}
+                                     if self.cfg.interference else None),
                     "setup_limit_s": self.cfg.setup_limit_s, "hold_timeout_s": self.cfg.hold_timeout_s,
                     # the seed's verified outputs are the candidate's oracle only for the same seed build, inputs
                     # and iterations
@@ -454,6 +482,15 @@ class GpuEvaluator:
                              "permille": int(self.cfg.stress_permille)}
         with self._clock.phase("candidate"):
             res = self._command(group, cmd, progress)
+        if self.cfg.race_size and res.verdict == "pass":
+            with self._clock.phase("race_size"):
+                res = race_size.check(res, wl, params, req.world_size, req.backend, cmd=cmd,
+                                      seed_cmd=(dict(base_cmd, so_path=str(seed_so), role="seed")
+                                                if wl.oracle == "seed" and seed_so is not None else None),
+                                      min_bytes=self.cfg.race_size_min_bytes,
+                                      max_gpu_bytes=self.cfg.race_size_max_gpu_bytes,
+                                      step_limit_s=self.cfg.seed_step_limit_s,
+                                      run=lambda p, c: self._command_at(req, p, c, fingerprint, progress))
         if res.level_reached in ("L2", "L3") and not res.reason.startswith("rank died"):
             res.oracle = wl.oracle
         res.logs = {**logs, **res.logs}

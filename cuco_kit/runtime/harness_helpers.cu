@@ -6,6 +6,10 @@
 //                         right before the start event so every rank's timed step starts together.
 //   cuco_h_spin           a single-thread delay (jitter before verification trials: a missing wait on a peer
 //                         flag shows when one rank is late).
+//   cuco_h_interfere      schedule perturbation of a verification trial (rank/perturb.py): after the work queued
+//                         on a stream so far (the device barrier) and a delay, CTAs on a stream of their own, at
+//                         the highest priority, that hold SMs for a random time and free them one by one, so the
+//                         candidate's CTAs on that rank start late and at different times, whatever it signals with.
 //   cuco_h_hold / cuco_h_release  the stream holder of device timing (nvbench's blocking kernel): one thread
 //                         spins on a host-mapped word until the host has enqueued the whole step and stores the
 //                         release value, so the events time the device's work with the step already queued, not
@@ -69,6 +73,34 @@ __global__ void spin_kernel(uint64_t ns) {
   while (global_ns() - start < ns) __nanosleep(500);
 }
 
+// splitmix64's finaliser: a per-CTA hold time from one seed.
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Threads of one interference CTA: two of them fill an SM's 2048 thread slots, so no candidate CTA can share it.
+constexpr int kInterfereThreads = 1024;
+
+// Each CTA holds its SM from the moment it is scheduled for between hold_ns / 2 and hold_ns (drawn per CTA), so
+// the SMs come free one by one. One thread keeps the time (sleeping, to leave issue slots and memory to the
+// others); the rest wait at the barrier, which keeps every thread slot of the CTA taken until it is done.
+__global__ void __launch_bounds__(kInterfereThreads) interfere_kernel(uint64_t hold_ns, uint64_t seed) {
+  if (threadIdx.x == 0) {
+    const uint64_t until = global_ns() + hold_ns / 2 + mix64(seed ^ blockIdx.x) % (hold_ns / 2 + 1);
+    while (global_ns() < until) __nanosleep(1000);
+  }
+  __syncthreads();
+}
+
+// The interference kernel's stream and the event that gates it: made once per process, on the device current at
+// the first call (a rank process uses one), at the highest priority, so its CTAs are scheduled ahead of every
+// waiting CTA, those of a candidate's high-priority side stream included.
+cudaStream_t interference_stream = nullptr;
+cudaEvent_t interference_gate = nullptr;
+
 // Holds the stream until *release >= epoch (host-mapped, written by cuco_h_release) or timeout_ns has passed.
 __global__ void hold_kernel(const uint64_t* release, uint64_t epoch, uint64_t timeout_ns, volatile int* timed_out) {
   const uint64_t start = global_ns();
@@ -97,6 +129,27 @@ CUCO_H_EXPORT int cuco_h_barrier(uint64_t* const* peers_dev, size_t base, int ra
 
 CUCO_H_EXPORT int cuco_h_spin(uint64_t ns, cudaStream_t stream) {
   spin_kernel<<<1, 1, 0, stream>>>(ns);
+  return (int)cudaGetLastError();
+}
+
+// Once the work queued on `after` so far is done, and offset_ns later: `blocks` CTAs of kInterfereThreads threads,
+// each holding an SM for hold_ns / 2 .. hold_ns (seeded), on the interference stream. `after` is not held up.
+CUCO_H_EXPORT int cuco_h_interfere(cudaStream_t after, uint64_t offset_ns, int blocks, uint64_t hold_ns,
+                                   uint64_t seed) {
+  if (blocks < 1) return (int)cudaErrorInvalidValue;
+  cudaError_t e = cudaSuccess;
+  if (interference_stream == nullptr) {
+    int lowest = 0, highest = 0;
+    e = cudaDeviceGetStreamPriorityRange(&lowest, &highest);
+    if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&interference_stream, cudaStreamNonBlocking, highest);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&interference_gate, cudaEventDisableTiming);
+    if (e != cudaSuccess) return (int)e;
+  }
+  e = cudaEventRecord(interference_gate, after);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(interference_stream, interference_gate, 0);
+  if (e != cudaSuccess) return (int)e;
+  if (offset_ns) spin_kernel<<<1, 1, 0, interference_stream>>>(offset_ns);
+  interfere_kernel<<<blocks, kInterfereThreads, 0, interference_stream>>>(hold_ns, seed);
   return (int)cudaGetLastError();
 }
 

@@ -5,7 +5,7 @@
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
 #   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
-#   gpu_quick timing_races llm_search host_nccl import_shapes throughput launch_bias
+#   gpu_quick timing_races race_catch llm_search host_nccl import_shapes throughput launch_bias
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -15,7 +15,10 @@
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone;
 #  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
 #  are added to them; timing_races: the launch-bias table and the race-amplification record, each checked by its
-#  gpu test, their JSON in the step's archive; gpu_tier: the whole gpu test tier in at most 540 s and gpu_quick its
+#  gpu test, their JSON in the step's archive; race_catch: the race-amplification record alone within 240 s (every
+#  race class with every perturbation on and each alone, honest samples at 1/2/4 ranks, each perturbation's L2 cost;
+#  benchmarks/harness/race_amplification.py) checked by its gpu test, tables in the log, JSON in the archive;
+#  gpu_tier: the whole gpu test tier in at most 540 s and gpu_quick its
 #  quick form in at most 300 s, both by scripts/remote_gpu/gpu_tier.py (what runs side by side, what alone, and
 #  why: its docstring), their junit files and logs in the step's archive, a per-file summary last; host_nccl: host
 #  NCCL under symm, every sample's seed_nccl.cu at 2 and 4 ranks with its median, every served call against torch,
@@ -59,6 +62,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     timeline)        echo "env CUCO_GPU_QUICK=1 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
+    race_catch)      echo "env CUCO_RECORD_DIR=$3 CUCO_RACE_BUDGET_S=$(( $2 < 240 ? $2 : 240 )) $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_race_amplification_gpu.py" ;;
     gpu_tier)        echo "$PY scripts/remote_gpu/gpu_tier.py --out $3 --budget-s $(( $2 < 540 ? $2 : 540 ))" ;;
     gpu_quick)       echo "$PY scripts/remote_gpu/gpu_tier.py --quick --out $3 --budget-s $(( $2 < 300 ? $2 : 300 ))" ;;
     llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;

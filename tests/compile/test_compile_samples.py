@@ -1,5 +1,6 @@
 """Compile tier: every .cu under sample_kernels/ and tests/data/adversarial/ builds for sm_90a with nvcc against
-the installed NCCL headers, for every backend it supports, plus the L1 cache against the real nvcc.
+the installed NCCL headers, for every backend it supports, plus the L1 cache against the real nvcc. An adversarial
+file builds with the headers of the workload it is written for (EXPECTED.json's `workload`, default allgather).
 
 Which backends a file is built for (cuco_kit.evaluate.build.supported_backends):
   - a `// cuco: backends=nccl` (or `=nccl,symm`, `=symm`) line in the file wins;
@@ -25,6 +26,7 @@ from cuco_kit.evaluate import build as B
 
 ROOT = Path(__file__).resolve().parents[2]
 ADVERSARIAL = ROOT / "tests" / "data" / "adversarial"
+EXPECTED = json.loads((ADVERSARIAL / "EXPECTED.json").read_text())
 SOURCES = sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted(ADVERSARIAL.glob("*.cu"))
 CASES = [(p, b) for p in SOURCES for b in B.supported_backends(p.read_text())]
 MAX_WORKERS = 2
@@ -49,10 +51,17 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cache = tmp_path_factory.mktemp("builds")
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=MAX_WORKERS) as pool:
-        futures = {(p, b): pool.submit(B.build, p.read_text(), b, B.for_workload(cfg, p.parent), cache)
+        futures = {(p, b): pool.submit(B.build, p.read_text(), b, B.for_workload(cfg, workload_dir(p)), cache)
                    for p, b in CASES}
         results = {k: f.result() for k, f in futures.items()}
     return {"results": results, "wall_s": time.monotonic() - t0, "cache": cache}
+
+
+def workload_dir(p: Path) -> Path:
+    """The folder whose headers a source builds with: its own, or for an adversarial file its workload's."""
+    if p.parent != ADVERSARIAL:
+        return p.parent
+    return ROOT / EXPECTED.get(p.name, {}).get("workload", "sample_kernels/allgather")
 
 
 def _case_id(case: tuple[Path, str]) -> str:
@@ -96,8 +105,7 @@ def test_every_sample_backend_pair_is_covered() -> None:
 
 
 def test_expected_covers_exactly_the_adversarial_files() -> None:
-    expected = json.loads((ADVERSARIAL / "EXPECTED.json").read_text())
-    entries = {k: v for k, v in expected.items() if not k.startswith("_")}
+    entries = {k: v for k, v in EXPECTED.items() if not k.startswith("_")}
     assert set(entries) == {p.name for p in ADVERSARIAL.glob("*.cu")}
     for name, e in entries.items():
         assert e["level"] in ("L0", "L1", "L2", "L3"), name
@@ -113,8 +121,7 @@ def _frozen(text: str) -> str:
 
 
 def test_adversarial_with_parent_changes_only_blocks() -> None:
-    expected = json.loads((ADVERSARIAL / "EXPECTED.json").read_text())
-    with_parent = {k: v["parent"] for k, v in expected.items() if not k.startswith("_") and v.get("parent")}
+    with_parent = {k: v["parent"] for k, v in EXPECTED.items() if not k.startswith("_") and v.get("parent")}
     assert with_parent, "at least writes_file.cu names its parent"
     for name, parent in with_parent.items():
         child, par = (ADVERSARIAL / name).read_text(), (ROOT / parent).read_text()

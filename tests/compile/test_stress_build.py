@@ -5,10 +5,13 @@ world size 1 loads) does not export it.
 
 The plain builds of the same files (the new adversarial ones included) are test_compile_samples.py's; the stress
 build is what the harness loads at two ranks and more, for the L2 trials and then, pauses off, for timing
-(cuco_kit/evaluate/gpu_evaluator.py).
+(cuco_kit/evaluate/gpu_evaluator.py). The race
+classes written with raw atomics get one too (they include cuco_lsa.h): it pauses nothing of theirs, and the
+harness's own perturbation has to show them (rank/perturb.py).
 """
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -21,10 +24,13 @@ from cuco_kit.evaluate import build as B
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_kernels"
-SOURCES = sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted((ROOT / "tests" / "data" / "adversarial").glob("*.cu"))
-# Every sample's stress build for every backend; of the adversarial set, the signalling-race classes it exists to
-# catch, under symm (where the GPU tier runs them; their plain builds for both backends are test_compile_samples').
-RACES = ("omits_wait.cu", "flag_before_stores.cu", "wrong_unit_flag.cu", "barrier_missing_member.cu")
+ADVERSARIAL = ROOT / "tests" / "data" / "adversarial"
+SOURCES = sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted(ADVERSARIAL.glob("*.cu"))
+# Every sample's stress build for every backend; of the adversarial set, the signalling-race classes (EXPECTED.json
+# entries with a `race`), under symm (where the GPU tier runs them; their plain builds for both backends are
+# test_compile_samples'), each with its workload's headers.
+EXPECTED = {k: v for k, v in json.loads((ADVERSARIAL / "EXPECTED.json").read_text()).items() if not k.startswith("_")}
+RACES = {name: ROOT / e.get("workload", "sample_kernels/allgather") for name, e in EXPECTED.items() if e.get("race")}
 CASES = ([(p, b) for p in SOURCES if "sample_kernels" in p.parts for b in B.supported_backends(p.read_text())
           if B.has_stress_hooks(p.read_text(), b)]
          + [(p, "symm") for p in SOURCES if p.name in RACES])
@@ -44,10 +50,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
     cache = tmp_path_factory.mktemp("stress-builds")
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=2) as pool:
-        jobs = {(p, b): pool.submit(B.build, p.read_text(), b, B.stress_config(B.for_workload(cfg, p.parent)), cache)
+        jobs = {(p, b): pool.submit(B.build, p.read_text(), b, B.stress_config(B.for_workload(cfg, _headers(p))), cache)
                 for p, b in CASES}
         results = {k: f.result() for k, f in jobs.items()}
     return {"results": results, "wall_s": time.monotonic() - t0}
+
+
+def _headers(p: Path) -> Path:
+    """The folder whose headers a source builds with: its own, or for a race class its workload's."""
+    return RACES[p.name] if p.parent == ADVERSARIAL else p.parent
 
 
 def _exports(so: Path) -> str:
@@ -62,6 +73,8 @@ def test_every_sample_and_race_class_is_covered() -> None:
         seed = SAMPLES / wl / "seed_nccl.cu"
         assert (seed, "symm") in CASES and (seed, "nccl") not in CASES
     assert {n for _, n in names} >= set(RACES)
+    assert {"raw_flag_before_stores.cu", "gemm_raw_flag_before_stores.cu", "raw_omits_wait.cu",
+            "gemm_raw_omits_wait.cu", "raw_wrong_unit_flag.cu"} <= set(RACES)
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"{p.relative_to(ROOT)}[{b}]" for p, b in CASES])

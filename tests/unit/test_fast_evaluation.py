@@ -155,7 +155,7 @@ def _run(ev: GpuEvaluator, group: _Group, n: int) -> list[EvalResult]:
 
 
 def test_the_evaluator_reuses_the_seed_and_measures_it_again_beside_a_claim(tmp_path: Path) -> None:
-    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path, seed_every=4))
+    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path, seed_every=4, race_size=False))
     ev._gpus = [{"name": "fake"}]
     ev._helpers = tmp_path / "helpers.so"
     group = _Group(seed_ms=[2.0, 2.0, 2.0], cand_ms=2.0)  # no claim: ratio 1.0
@@ -171,7 +171,7 @@ def test_the_evaluator_reuses_the_seed_and_measures_it_again_beside_a_claim(tmp_
 
 
 def test_a_claimed_ratio_is_scored_against_a_seed_measured_right_after_it(tmp_path: Path) -> None:
-    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path))
+    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path, race_size=False))
     ev._gpus = [{"name": "fake"}]
     ev._helpers = tmp_path / "helpers.so"
     # the seed measured 2.0 first; beside the claim it measures 1.5 (the GPU got faster): the claim shrinks
@@ -181,7 +181,7 @@ def test_a_claimed_ratio_is_scored_against_a_seed_measured_right_after_it(tmp_pa
     assert group.roles[:2] == ["seed", "candidate"]
     # the second candidate (1.33x against the reused seed) is not a new best: reused
     assert second.provenance["seed_measured"].startswith("reused")
-    ev2 = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path / "2"))
+    ev2 = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path / "2", race_size=False))
     ev2._gpus, ev2._helpers = [{"name": "fake"}], tmp_path / "helpers.so"
     group2 = _Group(seed_ms=[2.0, 2.0, 1.5], cand_ms=1.5)
     group2.cand_ms = 2.0

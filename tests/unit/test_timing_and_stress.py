@@ -34,9 +34,10 @@ class _Steps:
         self.stall_holds = stall_holds
         self.holds = 0
 
-    def __call__(self, *, trial: int, what: str, level: str, verify: bool, jitter_ns: int = 0,
+    def __call__(self, *, trial: int, what: str, level: str, verify: bool, plan: Any = None,
                  capture: bool = False, held: bool = False) -> tuple[float, bool]:
-        self.calls.append({"trial": trial, "verify": verify, "held": held, "jitter_ns": jitter_ns})
+        self.calls.append({"trial": trial, "verify": verify, "held": held, "plan": plan,
+                           "jitter_ns": plan.jitter_ns if plan is not None else 0})
         if held:
             self.holds += 1
             return 1.0, self.holds in self.stall_holds
@@ -46,7 +47,7 @@ class _Steps:
 def _evaluation(steps: _Steps, *, timing: str = "device", world: int = 1, rank: int = 0, seed: int = 0,
                 cmd: dict[str, Any] | None = None, lib: Any = None) -> _Evaluation:
     ev = _Evaluation.__new__(_Evaluation)
-    ev.h = NS(workload=NS(timing=timing), world=world, rank=rank, unholdable=set(),
+    ev.h = NS(workload=NS(timing=timing), world=world, rank=rank, unholdable=set(), sm_count=132,
               _progress=lambda *a, **k: None, helpers=NS(error_name=str))
     ev.cmd = {"so_path": "/cache/cand.so", "warmup": 2, "iters": 6, "verify_every": 3, "seed": seed, **(cmd or {})}
     ev.seed, ev.step_limit_s, ev.notes, ev.stalls, ev.holdable = seed, 1.0, [], 0, True

@@ -17,11 +17,12 @@ the outputs again (a difference means work that was not joined to ctx->stream, o
 and with the oracle: the workload's torch reference, computed on this GPU in float32 from every rank's inputs
 regenerated from the seeds, or, for a workload whose oracle is its seed (differential verification), the seed's
 own outputs of the same iteration, recorded when the seed ran in this world just before (same request seed, so
-the same inputs). NaN never passes. L2 trials add a random per-rank delay before the step (jitter) so that a
-missing wait on a peer flag shows. Given a stress build (runtime/cuco_stress.h), the L2 trials run with its pauses on:
-each trial has a late rank (each rank in turn) with seeded random pauses after its signals and before its waits
-return, and a jitter past everyone else's; then the pauses are switched off and the same library is timed (a
-command may still name a separate stress library: its trials run on it, and the timed one is loaded afterwards).
+the same inputs). NaN never passes. At two ranks and more the L2 trials perturb the schedule (rank/perturb.py):
+each trial has a late rank (each rank in turn) that starts past everyone else's random start delay, pauses inside
+the runtime's primitives when a stress build (runtime/cuco_stress.h) is given (after the trials its pauses are
+switched off and the same library is timed; a command may still name a separate stress library), and shares
+its SMs with an interference kernel that holds them for a random time, so the candidate's CTAs there start late
+and at different times whatever it signals with.
 Host NCCL under symm: a library that exports cuco_host_nccl_bind (a symm build of a source that includes <nccl.h>,
 runtime/symm_nccl/nccl.h) gets a staging window (one per worker, zeroed at every load) and is bound to it before
 cuco_setup; its communicator becomes ctx->nccl_comm.
@@ -40,7 +41,6 @@ import _ctypes
 import ctypes
 import math
 import os
-import random
 import shutil
 import statistics
 import time
@@ -54,7 +54,7 @@ from torch.distributed import PrefixStore
 from torch.profiler import ProfilerActivity, profile
 
 from cuco_kit.evaluate.phase_clock import PhaseClock
-from cuco_kit.evaluate.rank import abi, waits
+from cuco_kit.evaluate.rank import abi, perturb, waits
 from cuco_kit.evaluate.rank.backends import Backend, NcclBackend, SymmBackend
 from cuco_kit.evaluate.rank.reference_cache import ReferenceCache
 from cuco_kit.evaluate.stats import FLUSH_BYTES, input_seed, median_ci_halfwidth, verified_iterations
@@ -104,6 +104,7 @@ class Helpers:
         specs = {
             "cuco_h_barrier": [vp, ctypes.c_size_t, i, i, u64, u64, vp, vp],
             "cuco_h_spin": [u64, vp],
+            "cuco_h_interfere": [vp, u64, i, u64, u64],
             "cuco_h_hold": [vp, u64, u64, vp, vp],
             "cuco_h_release": [vp, u64],
             "cuco_h_fill_peer_table": [vp, vp, i, vp],
@@ -678,7 +679,7 @@ class _Evaluation:
             time.sleep(sleep)
             sleep = min(sleep * 2, 2e-3)
 
-    def _step(self, trial: int, what: str, level: str, *, verify: bool, jitter_ns: int = 0,
+    def _step(self, trial: int, what: str, level: str, *, verify: bool, plan: perturb.TrialPlan | None = None,
               capture: bool = False, held: bool = False) -> tuple[float, bool]:
         """One protocol iteration; returns this rank's step time in ms and whether the hold (``held``: device
         timing) timed out on any rank, which makes the time meaningless. Raises CandidateFailure (all ranks do,
@@ -693,10 +694,8 @@ class _Evaluation:
         if held:
             self._hold()
         self._device_barrier()
-        if jitter_ns:
-            rc = h.helpers.cuco_h_spin(int(jitter_ns), ctypes.c_void_p(h.stream.cuda_stream))
-            if rc != 0:
-                raise RuntimeError(f"jitter launch failed: {h.helpers.error_name(rc)}")
+        if plan is not None:
+            self._perturb(plan)
         start.record(h.stream)
         self.ctx.epoch += 1
         failure = ""
@@ -848,41 +847,47 @@ class _Evaluation:
             self._step(trial=10_000, what="capture pass", level="L2", verify=False, capture=True)
 
     def _verify_trials(self, stress: dict[str, Any] | None) -> None:
-        """The L2 trials: fresh inputs, jitter at world > 1, every one verified. With ``stress`` (the stress build
-        is loaded) each trial has a late rank, each rank in turn: it draws new random pauses for the runtime's
-        primitives and a jitter past everyone else's, while the other ranks run without pauses, so whatever a
-        peer leaves uncovered by its flags and waits is still in flight when they finish."""
+        """The L2 trials: fresh inputs, every one verified, and at world > 1 a perturbed schedule (rank/perturb.py):
+        one late rank per trial, each rank in turn, with a start delay past everyone else's, the stress build's
+        pauses (``stress``: the stress build is loaded) and an interference kernel, while the other ranks run
+        unperturbed, so whatever a peer leaves uncovered by its flags and waits is still in flight when they
+        finish."""
         h = self.h
         trials = int(self.cmd.get("trials", 3))
-        jitter_max_ns = int(float(self.cmd.get("jitter_us", 200.0)) * 1000)
-        rng = random.Random(f"jitter:{self.seed}:{h.rank}")
         configure = getattr(self.lib, "cuco_stress_configure", None) if stress else None
         if configure is not None:
             configure.argtypes = [ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint32]
             configure.restype = ctypes.c_int
-        if stress:
-            self.notes.append(
-                "L2 trials ran on the stress build: " + (
-                    f"one late rank per trial, with random pauses up to {stress['max_delay_ns'] / 1000:g} us "
-                    f"after {stress['permille'] / 10:g}% of its signals and before as many waits return"
-                    if configure is not None else
-                    "it uses none of the runtime's signalling primitives, so only the harness's jitter applies"))
+        knobs = perturb.Knobs.from_command(self.cmd, stress, configure is not None, h.sm_count,
+                                           os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"))
+        if h.world > 1:
+            self.notes += perturb.describe(knobs, stress)
         for t in range(trials):
             h._progress("L2", "verify", t, trials, self.step_limit_s + 10)
-            jitter = rng.randrange(0, jitter_max_ns + 1) if jitter_max_ns and h.world > 1 else 0
-            late = bool(stress) and h.world > 1 and (t + self.seed) % h.world == h.rank
-            if late:
-                jitter = jitter_max_ns + rng.randrange(0, jitter_max_ns + 1)
+            plan = perturb.plan_trial(self.seed, t, h.rank, h.world, knobs)
             if configure is not None and stress is not None:
-                rc = int(configure(random.Random(f"stress:{self.seed}:{t}:{h.rank}").getrandbits(64),
-                                   int(stress["max_delay_ns"]) if late else 0, int(stress["permille"])))
+                rc = int(configure(plan.stress_seed, plan.stress_max_ns, int(stress["permille"])))
                 if rc != 0:
                     raise RuntimeError(f"cuco_stress_configure failed: {h.helpers.error_name(rc)}")
-            self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True,
-                       jitter_ns=jitter)
+            self._step(trial=t, what=f"verification trial {t + 1}/{trials}", level="L2", verify=True, plan=plan)
         if configure is not None and int(configure(0, 0, 0)) != 0:  # the same library is timed next: no pauses
             raise RuntimeError("cuco_stress_configure could not switch the pauses off")
         h._progress("L2", "verify", trials, trials, self.step_limit_s + 10)
+
+    def _perturb(self, plan: perturb.TrialPlan) -> None:
+        """Right after this rank's device barrier: the trial's interference kernel (on a stream of its own, once the
+        barrier is done and the plan's offset later), then this rank's start delay on the harness stream."""
+        h = self.h
+        i = plan.interference
+        if i is not None:
+            rc = h.helpers.cuco_h_interfere(ctypes.c_void_p(h.stream.cuda_stream), i.offset_ns, i.blocks, i.hold_ns,
+                                            i.seed)
+            if rc != 0:
+                raise RuntimeError(f"interference launch failed: {h.helpers.error_name(rc)}")
+        if plan.jitter_ns:
+            rc = h.helpers.cuco_h_spin(int(plan.jitter_ns), ctypes.c_void_p(h.stream.cuda_stream))
+            if rc != 0:
+                raise RuntimeError(f"jitter launch failed: {h.helpers.error_name(rc)}")
 
     def _device_time(self, trial: int, what: str, verify: bool) -> float | None:
         """One held iteration's time; None once this candidate is timed end to end only. A stalled hold is
