@@ -15,7 +15,7 @@
 #  moe_l2_skew: L2 at the 5:1 skew preset alone; moe_l2_fp8: L2 with block-scaled e4m3 dispatch alone;
 #  moe_bench_skew5 / moe_bench_fp8: one benchmark preset of moe_bench each; $SKEW5_ARGS / $FP8_ARGS
 #  are added to them; timing_races: the launch-bias table and the race-amplification record, each checked by its
-#  gpu test, their JSON in the step's archive; race_catch: the race-amplification record alone within 240 s (every
+#  gpu test, their JSON in the step's archive; race_catch: the race-amplification record alone within 420 s (every
 #  race class with every perturbation on and each alone, honest samples at 1/2/4 ranks, each perturbation's L2 cost;
 #  benchmarks/harness/race_amplification.py) checked by its gpu test, tables in the log, JSON in the archive;
 #  gpu_tier: the whole gpu test tier in at most 540 s and gpu_quick its
@@ -62,7 +62,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     timeline)        echo "env CUCO_GPU_QUICK=1 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_harness_gpu.py -k timeline" ;;
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
-    race_catch)      echo "env CUCO_RECORD_DIR=$3 CUCO_RACE_BUDGET_S=$(( $2 < 240 ? $2 : 240 )) $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_race_amplification_gpu.py" ;;
+    race_catch)      echo "env CUCO_RECORD_DIR=$3 CUCO_RACE_BUDGET_S=$(( $2 < 420 ? $2 : 420 )) $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_race_amplification_gpu.py" ;;
     gpu_tier)        echo "$PY scripts/remote_gpu/gpu_tier.py --out $3 --budget-s $(( $2 < 540 ? $2 : 540 ))" ;;
     gpu_quick)       echo "$PY scripts/remote_gpu/gpu_tier.py --quick --out $3 --budget-s $(( $2 < 300 ? $2 : 300 ))" ;;
     llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;

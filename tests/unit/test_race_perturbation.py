@@ -71,19 +71,23 @@ def test_each_knob_alone() -> None:
 
 
 def test_interference_draws_stay_in_their_ranges_and_mostly_precede_the_step() -> None:
-    before = 0
+    before = starved = 0
     for seed in range(400):
         late = next(p for p in _plans(seed, seed % 3, 2) if p.is_late)
         i = late.interference
         assert i is not None
         assert KNOBS.interference_max_hold_ns / 10 - 1 <= i.hold_ns <= KNOBS.interference_max_hold_ns
-        assert i.blocks in {round(P.CTAS_PER_SM * KNOBS.sm_share * s) for s in P.SM_SHARES}
+        shares = {round(P.CTAS_PER_SM * KNOBS.sm_share * s) for s in P.SM_SHARES}
+        starves = {P.CTAS_PER_SM * (round(KNOBS.sm_share) - f) for f in P.STARVE_FREE_SMS}
+        assert i.blocks in shares | starves
+        starved += i.blocks in starves
         if i.offset_ns <= late.jitter_ns:  # before the step: every CTA still holds its SM when the step's arrive
             assert i.offset_ns >= late.jitter_ns - i.hold_ns / 4
             before += 1
         else:  # mid-step
             assert P.MID_STEP_MIN_NS <= i.offset_ns - late.jitter_ns <= KNOBS.interference_max_hold_ns
     assert 0.65 < before / 400 < 0.85  # BEFORE_STEP = 0.75
+    assert 0.4 < starved / 400 < 0.6  # STARVE = 0.5: the candidate keeps a few SMs for at least half the hold
 
 
 def test_knobs_from_a_command_and_this_ranks_mps_share() -> None:

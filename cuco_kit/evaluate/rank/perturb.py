@@ -30,10 +30,16 @@ from typing import Any
 # Threads of one interference CTA (kInterfereThreads in runtime/harness_helpers.cu): two fill an SM.
 INTERFERE_THREADS = 1024
 CTAS_PER_SM = 2048 // INTERFERE_THREADS
-# How much of the late rank's SMs one trial's interference takes (drawn per trial): half leaves room for small
-# grids to start at once; all of them (or more: a second wave) makes every CTA of the candidate wait for SMs
-# that come free one by one.
-SM_SHARES = (0.5, 1.0, 1.0, 1.5)
+# How much of the late rank's SMs one trial's interference takes, drawn per trial. Half leaves room for small
+# grids to start at once; all of them (or more: a second wave) makes every CTA of the candidate wait for SMs that
+# come free one by one, but hundreds of SMs come free within microseconds of each other, so a grid starts nearly
+# together again. STARVE trials instead leave the candidate a few SMs (STARVE_FREE_SMS) for at least half the hold:
+# its CTAs run a few at a time and its copies crawl, so a flag raised by the first unit, or raised before the last
+# copies land, stays wrong for tens of microseconds (the raw races at the small preset showed this: caught in
+# fewer than 19 of 20 seeds with the one-by-one release alone).
+SM_SHARES = (0.5, 1.0, 1.5)
+STARVE = 0.5  # chance that a trial's interference starves the candidate instead of taking SM_SHARES
+STARVE_FREE_SMS = (1, 2, 4)
 BEFORE_STEP = 0.75  # chance that the interference holds the SMs when the step starts (else it comes mid-step)
 MID_STEP_MIN_NS = 1_000  # mid-step: log-uniform this long .. the longest hold after the late rank's start
 
@@ -92,14 +98,18 @@ def _log_uniform(rng: random.Random, lo: float, hi: float) -> float:
 
 def interference_for(seed: int, trial: int, knobs: Knobs, late_jitter_ns: int) -> Interference:
     """The late rank's interference in (seed, trial): its hold (log-uniform, a tenth of the longest up to the
-    longest), the share of the rank's SMs it takes (SM_SHARES), and when it starts: in BEFORE_STEP of the trials
+    longest), the share of the rank's SMs it takes (SM_SHARES, or all but a few in STARVE of the trials), and
+    when it starts: in BEFORE_STEP of the trials
     shortly before the late rank's step (its jitter, less up to a quarter of the hold: every CTA, holding at least
     half of it, still holds its SM when the step's CTAs arrive), otherwise a log-uniform time after the step
     started (its later CTAs and kernels)."""
     rng = random.Random(f"interfere:{seed}:{trial}")
     longest = knobs.interference_max_hold_ns
     hold = int(_log_uniform(rng, longest / 10, longest))
-    blocks = max(1, round(CTAS_PER_SM * knobs.sm_share * rng.choice(SM_SHARES)))
+    if rng.random() < STARVE:
+        blocks = CTAS_PER_SM * max(1, round(knobs.sm_share) - rng.choice(STARVE_FREE_SMS))
+    else:
+        blocks = max(1, round(CTAS_PER_SM * knobs.sm_share * rng.choice(SM_SHARES)))
     if rng.random() < BEFORE_STEP:
         offset = max(0, late_jitter_ns - int(rng.uniform(0, hold / 4)))
     else:
@@ -140,6 +150,7 @@ def describe(knobs: Knobs, stress: dict[str, Any] | None) -> list[str]:
             f"{stress['permille'] / 10:g}% of its signals and before as many waits return" if knobs.stress_max_ns else
             "it uses none of the runtime's signalling primitives, so only the harness's own perturbation applies"))
     if knobs.interference_max_hold_ns:
-        notes.append(f"L2 trials: an interference kernel holds up to {max(SM_SHARES):g}x the late rank's SMs for "
-                     f"up to {knobs.interference_max_hold_ns / 1000:g} us, before or during its step")
+        notes.append(f"L2 trials: an interference kernel holds up to {max(SM_SHARES):g}x the late rank's SMs (or "
+                     f"all but {min(STARVE_FREE_SMS)}-{max(STARVE_FREE_SMS)} of them) for up to "
+                     f"{knobs.interference_max_hold_ns / 1000:g} us, before or during its step")
     return notes
