@@ -43,7 +43,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cuco_kit.errors import BadInput
 
@@ -128,6 +128,16 @@ class EventSink(Protocol):
     """Where a publisher sends events: the EventBus, or anything with the same ``publish``."""
 
     def publish(self, kind: str, run_id: int | None = None, **data: Any) -> Any: ...
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """Events a view can follow: what was published so far, and a callback for what comes next (the
+    EventBus)."""
+
+    def subscribe(self, callback: Callback) -> Callable[[], None]: ...
+
+    def history(self, kind: str | None = None) -> list[Event]: ...
 
 
 class EventBus:

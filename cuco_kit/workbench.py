@@ -18,7 +18,7 @@ from typing import Any
 from cuco_kit import smoke
 from cuco_kit.badges import label
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import EvalRequest, Evaluator, checked_against
+from cuco_kit.evaluate.api import EvalRequest, Evaluator, HasRecordings, checked_against, close_evaluator
 from cuco_kit.evaluate.device import describe_gpus
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.evaluate.recordings import recording_files, sizes_text
@@ -206,9 +206,7 @@ class EvaluatorChoice:
 
     def close(self) -> None:
         """Release what the evaluator holds (warm rank workers, MPS, the replay database)."""
-        close = getattr(self.evaluator, "close", None)
-        if callable(close):
-            close()
+        close_evaluator(self.evaluator)
 
 
 def simulated_evaluator(seed: int = 0, **kwargs: Any) -> EvaluatorChoice:
@@ -417,13 +415,12 @@ def sweep_plan(choice: EvaluatorChoice, workload_dir: str | Path, *, world_size:
                presets: Iterable[str] = ("small", "4096", "8192")) -> tuple[list[str], int, str, Note]:
     """(presets, world size, backend, note) of a size sweep this evaluator can answer: the ones asked for, except
     when replaying, where the recorded world size and backend with the most recorded presets are used."""
-    configs = getattr(choice.evaluator, "configs", None)
-    if choice.kind != "replay" or configs is None:
+    if choice.kind != "replay" or not isinstance(choice.evaluator, HasRecordings):
         want = list(presets)
         return want, world_size, backend, Note(f"sweep: {', '.join(want)} at {world_size} ranks, {backend}",
                                                choice.badge)
     by_world: dict[tuple[int, str], list[str]] = {}
-    for c in configs(str(Path(workload_dir).resolve())):
+    for c in choice.evaluator.configs(str(Path(workload_dir).resolve())):
         name = preset_of(workload_dir, c.sizes)
         if name is not None and name not in by_world.setdefault((c.world_size, c.backend), []):
             by_world[(c.world_size, c.backend)].append(name)

@@ -34,6 +34,11 @@ MAX_BYTES_PER_RANK = 1 << 40
 # Which time scores (Workload.timing; docs/timing.md): the step's device time with its launches queued ahead of
 # it, or the end-to-end time that includes the host's launches.
 TIMINGS = ("device", "end_to_end")
+# The file-name convention of a workload folder: these are its seeds and its baseline when workload.py names none,
+# so a folder copied from a sample needs no list edited anywhere.
+SEED_FILES = {"nccl": "seed_nccl.cu", "symm": "seed_copy.cu"}
+BASELINE_FILE = "device_lsa.cu"
+SAMPLES_DIR = "sample_kernels"  # the repository's sample workloads, one folder each
 
 # What a candidate's outputs are checked against (Workload.oracle; docs/contracts.md): the workload's torch
 # reference, or the workload's own seed run on the same fresh inputs in the same world (differential
@@ -112,9 +117,10 @@ class Workload:
     reference: Reference
     tolerance: Tolerance = field(default_factory=Tolerance)
     make_inputs: InputMaker | None = None
-    # backend -> seed file name, e.g. {"nccl": "seed_nccl.cu", "symm": "seed_copy.cu"}
+    # backend -> seed file name; empty: SEED_FILES, those of them the folder has
     seeds: dict[str, str] = field(default_factory=dict)
-    baseline: str | None = None  # the device-initiated baseline in NCCL-LSA form (has the knob block)
+    # the device-initiated baseline in NCCL-LSA form (has the knob block); None: BASELINE_FILE if the folder has it
+    baseline: str | None = None
     flops: Callable[[Params, int], float] | None = None  # per rank, for the METHOD floor
     comm_bytes: Callable[[Params, int], float] | None = None  # bytes each rank receives per step
     size_presets: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -126,8 +132,15 @@ class Workload:
     # (the seed for the evaluated backend, run by the harness on the same inputs in the same world just before
     # the candidate; the seed itself is then not verified, only run). An imported program starts with "seed".
     oracle: Oracle = "reference"
+    # The size presets the gpu tier checks the seeds and the baseline at (L2, 1 and 2 ranks); the first is the one
+    # its quick form runs. Each must be a key of size_presets (sample_workloads' callers check).
+    check_presets: tuple[str, ...] = ("small",)
 
     def __post_init__(self) -> None:
+        if not self.seeds:
+            self.seeds = {b: f for b, f in SEED_FILES.items() if (self.directory / f).is_file()}
+        if self.baseline is None and (self.directory / BASELINE_FILE).is_file():
+            self.baseline = BASELINE_FILE
         if self.timing not in TIMINGS:
             raise BadInput(f"workload {self.name}: timing {self.timing!r}; use one of {', '.join(TIMINGS)}")
         if self.oracle not in ORACLES:
@@ -175,6 +188,13 @@ class Workload:
         if backend not in self.seeds:
             raise BadInput(f"workload {self.name}: no seed for backend {backend!r}; has {sorted(self.seeds)}")
         return self.path(self.seeds[backend])
+
+
+def sample_workloads(root: str | Path) -> list[Path]:
+    """The sample workload folders of the repository at ``root`` (``sample_kernels/<name>/`` with a workload.py),
+    sorted by name: what the gpu tier's sample tests, the race amplification and the stress-build test cover, so
+    a new folder is covered with no list to edit."""
+    return sorted(p.parent for p in (Path(root) / SAMPLES_DIR).glob("*/workload.py"))
 
 
 def load_workload(directory: str | Path) -> Workload:

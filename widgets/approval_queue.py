@@ -15,6 +15,7 @@ from typing import Any
 import ipywidgets as W
 
 from cuco_kit.evaluate.api import checked_against
+from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.store import Store
 
 from ._common import esc
@@ -100,7 +101,8 @@ class _Row(W.VBox):
 class ApprovalQueue(W.VBox):
     """The approval queue of a live run. `gate` is the engine's ApprovalGate; `refresh()` re-reads the store."""
 
-    def __init__(self, store: Store, run_id: int, gate: Any, *, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, store: Store, run_id: int, gate: ApprovalGate, *,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.store, self.run_id, self.gate = store, run_id, gate
         self._on_change = on_change
         self.rows: dict[int, _Row] = {}

@@ -11,13 +11,18 @@ stops the search the old dashboard showed, so no search is left running without 
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Protocol
 
 import ipywidgets as W
 
+from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import checked_against
-from cuco_kit.events import Event
+from cuco_kit.events import Event, EventSink, EventSource
 from cuco_kit.report import ratio_text
+from cuco_kit.search.gate import ApprovalGate
+from cuco_kit.search.population import Population
+from cuco_kit.store import Store
 
 from ._common import Throttle, esc, fmt_ms
 from .approval_queue import ApprovalQueue
@@ -30,14 +35,53 @@ from .views import LedgerView
 ENDED = ("stopped", "finished", "failed")
 
 
+class DashboardEngine(Protocol):
+    """What the dashboard needs of a search: SearchEngine has all of it (the unit tests drive a stand-in).
+    ``events`` must also be an EventSource (an EventBus) for the dashboard to follow it."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def run_id(self) -> int | None: ...
+
+    @property
+    def gate(self) -> ApprovalGate: ...
+
+    @property
+    def events(self) -> EventSink: ...
+
+    @property
+    def population(self) -> Population | None: ...  # None: the reasoning panel rebuilds it from the store
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class RunDashboard(W.VBox):
     live: ClassVar[dict[str, RunDashboard]] = {}  # key -> the dashboard showing that key's search now
 
-    def __init__(self, engine: Any, *, interval: float = 1.0, baselines: dict[str, float] | None = None,
+    def __init__(self, engine: DashboardEngine, *, interval: float = 1.0, baselines: dict[str, float] | None = None,
                  key: str = "search") -> None:
+        events, run_id = engine.events, engine.run_id
+        if not isinstance(events, EventSource):
+            raise BadInput("the dashboard follows the search's events: make the engine with an EventBus "
+                           "(SearchEngine(..., events=EventBus()), as workbench.new_search does)")
+        if run_id is None:
+            raise BadInput("the search has no run yet: start it with workbench.start_search(engine), which waits "
+                           "for its run, then show its dashboard")
         self.engine = engine
         self.key = key
-        self.store, self.run_id = engine.store, engine.run_id
+        self.store, self.run_id = engine.store, run_id
         self._lock = threading.Lock()
         self.events_seen = 0
         self.ended_reason = ""
@@ -55,8 +99,8 @@ class RunDashboard(W.VBox):
         self.latency = LatencyPlot(self.store, self.run_id, baselines=baselines)
         self.cells = DesignSpaceMap(self.store, self.run_id)
         self.ledger = LedgerView(self.store, self.run_id)
-        self.slots = SlotPanel(engine.events)
-        self.reasoning = ReasoningPanel(self.store, self.run_id, getattr(engine, "population", None))
+        self.slots = SlotPanel(events)
+        self.reasoning = ReasoningPanel(self.store, self.run_id, engine.population)
         self.detail = W.HTML()
         self.lineage.on_select(self.show_program)
         tabs = W.Tab([W.VBox([self.lineage, self.detail]), self.latency, self.cells, self.ledger, self.reasoning,
@@ -65,7 +109,7 @@ class RunDashboard(W.VBox):
             tabs.set_title(i, t)
         self.tabs = tabs
         self._refresh = Throttle(self._render, interval)
-        self._unsubscribe = engine.events.subscribe(self._on_event)
+        self._unsubscribe = events.subscribe(self._on_event)
         super().__init__([W.HBox([self.pause_b, self.resume_b, self.stop_b, self.state]), self.reason,
                           self.queue, tabs])
         self._replace_previous()
@@ -84,7 +128,7 @@ class RunDashboard(W.VBox):
             old.end(f"replaced: this cell ran again, so the search of run {old.run_id} was stopped "
                     "(its database keeps everything; resume it from there)")
 
-    def _control(self, action: Any) -> None:
+    def _control(self, action: Callable[[], None]) -> None:
         if not self.ended_reason:
             action()
         self._refresh.flush()
@@ -106,9 +150,10 @@ class RunDashboard(W.VBox):
     def show_program(self, program_id: int) -> None:
         """What a click on a lineage node opens: the program's diff against its parent and its metrics."""
         p = self.store.program(program_id)
-        parent = self.store.program(p["parent_id"]) if p.get("parent_id") else None
+        parent_id = p.get("parent_id")
+        parent = self.store.program(parent_id) if parent_id else None
         evs = self.store.evaluations(program_id=program_id)
-        last = evs[-1] if evs else {}
+        last: Mapping[str, Any] = evs[-1] if evs else {}
         metrics = (f"verdict <b>{esc(last.get('verdict'))}</b> at {esc(last.get('level_reached'))}; "
                    f"median {fmt_ms(last.get('median_ms'))}; speed-up over the seed "
                    f"{esc(ratio_text(last.get('speedup'), (last.get('result') or {}).get('speedup_ci')))}"
@@ -124,9 +169,9 @@ class RunDashboard(W.VBox):
     def _render(self) -> None:
         with self._lock:
             self.queue.refresh()
-            state = str(getattr(self.engine, "state", ""))
+            state = self.engine.state
             if state in ENDED and not self.ended_reason:
-                why = getattr(self.engine, "reason", "") or ""
+                why = self.engine.reason
                 self.end(f"search {state}{': ' + why if why else ''}; the controls are off "
                          "(the run is in its database: open it in 04_run_analysis, or resume it in a new search)")
             elif not self.ended_reason:

@@ -11,6 +11,7 @@ from typing import Any
 
 import ipywidgets as W
 
+from cuco_kit.search.population import Population
 from cuco_kit.search.reasoning import reasoning_state
 from cuco_kit.store import Store
 
@@ -68,7 +69,7 @@ def reasoning_html(state: dict[str, Any]) -> str:
 class ReasoningPanel(W.VBox):
     """The reasoning of run ``run_id``; ``refresh()`` redraws it from the store (the dashboard calls it)."""
 
-    def __init__(self, store: Store, run_id: int, population: Any = None) -> None:
+    def __init__(self, store: Store, run_id: int, population: Population | None = None) -> None:
         self.store, self.run_id, self.population = store, run_id, population
         self.body = W.HTML()
         super().__init__([self.body])

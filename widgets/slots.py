@@ -6,11 +6,9 @@ the table escapes every cell.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import ipywidgets as W
 
-from cuco_kit.events import Event
+from cuco_kit.events import Event, EventSource
 from cuco_kit.search.slot_board import SlotBoard
 
 from .views import _table
@@ -19,9 +17,9 @@ COLUMNS = ["label", "gpus", "evaluating", "evaluations", "per_hour", "lost"]
 
 
 class SlotPanel(W.HTML):
-    """Subscribes to ``events`` (an EventBus); ``refresh()`` redraws (the dashboard calls it, throttled)."""
+    """Subscribes to ``events`` (the search's EventBus); ``refresh()`` redraws (the dashboard calls it, throttled)."""
 
-    def __init__(self, events: Any) -> None:
+    def __init__(self, events: EventSource) -> None:
         super().__init__()
         self.board = SlotBoard()
         for event in events.history():  # what happened before the panel was made

@@ -3,7 +3,7 @@ FailureView (what failed and why, or a plain "no failures in this run")."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import pandas as pd
@@ -16,6 +16,9 @@ from cuco_kit.store import Store
 
 from ._common import badge_html, esc
 from .figure_box import FigureBox
+
+if TYPE_CHECKING:  # pragma: no cover - typing only (the analysis imports tree-sitter)
+    from cuco_kit.analysis import AnalysisReport
 
 _KIND_COLOUR = {"collective": "#d62728", "p2p": "#ff7f0e", "kernel": "#1f77b4", "blas": "#2ca02c",
                 "copy": "#9467bd"}
@@ -35,8 +38,8 @@ class AnalysisView(W.VBox):
     dependencies, red when nothing orders them) and tables of calls, buffers and kernels.
     `report` is cuco_kit.analysis.AnalysisReport or its to_json_dict()."""
 
-    def __init__(self, report: Any) -> None:
-        data = report.to_json_dict() if hasattr(report, "to_json_dict") else dict(report)
+    def __init__(self, report: AnalysisReport | Mapping[str, Any]) -> None:
+        data = dict(report) if isinstance(report, Mapping) else report.to_json_dict()
         self.data = data
         graph = data.get("graph") or {"nodes": [], "edges": []}
         fig = go.Figure()

@@ -43,13 +43,21 @@ from common import covering_variants, short
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.evaluate.device import detect_gpu, git_revision
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
-from cuco_kit.workload import load_workload
+from cuco_kit.workload import load_workload, sample_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 ADV = ROOT / "tests" / "data" / "adversarial"
 SAMPLES = ROOT / "sample_kernels"
-WORKLOADS = ("allgather", "gemm_allgather", "attention_cp", "kv_transfer", "moe_dispatch_combine")
-HONEST = ("device_lsa.cu", "seed_copy.cu")
+HONEST = ("device_lsa.cu", "seed_copy.cu")  # each sample's baseline and symm seed (the folder's file names)
+
+
+def honest_set(root: Path = ROOT) -> list[tuple[str, str]]:
+    """(workload, file) of every honest source the run checks: each sample folder's HONEST files, so a new sample
+    is in the run with no list to edit."""
+    return [(d.name, f) for d in sample_workloads(root) for f in HONEST]
+
+
+WORKLOADS = tuple(dict.fromkeys(w for w, _ in honest_set()))
 WORLD_BACKEND = {1: "nccl", 2: "symm", 4: "symm"}
 PRESET = "small"
 MIN_CAUGHT = 19 / 20

@@ -38,6 +38,7 @@ from cuco_kit.commands.llm_options import (
 )
 from cuco_kit.commands.model_options import add_model_arguments, models_from_args
 from cuco_kit.errors import BadInput
+from cuco_kit.evaluate.api import close_evaluator
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
@@ -249,8 +250,8 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         if executor is not None:
             executor.shutdown(wait=True)
-        elif callable(close := getattr(evaluator, "close", None)):
-            close()
+        else:
+            close_evaluator(evaluator)
         raise
     start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,

@@ -9,7 +9,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from cuco_kit.evaluate.recordings import RecordedConfig
 
 Level = Literal["L0", "L1", "L2", "L3"]
 Verdict = Literal["pass", "fail", "error", "unavailable"]
@@ -111,6 +115,59 @@ class Evaluator(Protocol):
     a result with verdict "fail"; they raise only for misuse (unknown workload, bad request)."""
 
     def evaluate(self, request: EvalRequest, progress: Progress | None = None) -> EvalResult: ...
+
+
+# Optional capabilities. An evaluator has any of them or none; callers narrow with isinstance, so what an
+# evaluator may offer is written here rather than in the places that look for it.
+
+@runtime_checkable
+class Badged(Protocol):
+    """Says what its numbers are (an evaluator without it measures: "real")."""
+
+    badge: Badge
+
+
+@runtime_checkable
+class Prebuilds(Protocol):
+    """Builds a request's candidate ahead of its evaluation (thread-safe, no GPU), so nvcc runs while the GPU
+    evaluates. Returns whether the build succeeded (None: nothing to build); a failure is reported again by the
+    evaluation itself."""
+
+    def prebuild(self, request: EvalRequest) -> bool | None: ...
+
+
+@runtime_checkable
+class Closable(Protocol):
+    """Holds something to release (warm rank workers, MPS, a database); close() is idempotent."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sanitizes(Protocol):
+    """Reruns a request under compute-sanitizer and returns what it printed: a str, a dict of logs, or an
+    EvalResult whose logs hold it (cuco_kit.fastpath.sanitizer reads any of them)."""
+
+    def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *,
+                 timeout_s: float = 300.0) -> str | dict[str, str] | EvalResult: ...
+
+
+@runtime_checkable
+class HasRecordings(Protocol):
+    """Answers from recorded runs, and can list the configurations it has for a workload."""
+
+    def configs(self, workload_dir: str | Path) -> list[RecordedConfig]: ...
+
+
+def badge_of(evaluator: Evaluator) -> Badge:
+    """What an evaluator's numbers are: its own badge, or "real" for one that measures."""
+    return evaluator.badge if isinstance(evaluator, Badged) else "real"
+
+
+def close_evaluator(evaluator: object) -> None:
+    """Release what an evaluator holds, when it holds anything."""
+    if isinstance(evaluator, Closable):
+        evaluator.close()
 
 
 def checked_against(oracle: str | None) -> str:

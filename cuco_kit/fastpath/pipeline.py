@@ -244,15 +244,15 @@ class FastPath:
         return self._drive(self._run_gen())
 
     # -- human decisions (manual mode) --------------------------------------------------------------------
-    def approve(self) -> Any:
+    def approve(self) -> StageOutcome | FastPathResult:
         """Evaluate the pending attempt as proposed and continue."""
         return self._resume(_Decision("approve"))
 
-    def reject(self, note: str = "") -> Any:
+    def reject(self, note: str = "") -> StageOutcome | FastPathResult:
         """Count the pending attempt as failed, feed `note` back to the model, and continue."""
         return self._resume(_Decision("reject", note=note))
 
-    def edit(self, code: str) -> Any:
+    def edit(self, code: str) -> StageOutcome | FastPathResult:
         """Evaluate `code` (a person's edit of the pending attempt) instead, as a human proposal."""
         if not isinstance(code, str) or not code.strip():
             raise BadInput("edit(code): pass the edited source text")

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, Sanitizes
 
 # CUDA's "illegal memory access" (cudaErrorIllegalAddress = 700) as rank logs spell it.
 ILLEGAL_ACCESS_RE = re.compile(r"illegal memory access|cudaErrorIllegalAddress|CUDA error[^\n]{0,40}\b700\b|"
@@ -66,18 +66,14 @@ def sanitize(evaluator: Evaluator, request: EvalRequest, so_path: str | Path | N
              timeout_s: float = 300.0) -> SanitizerReport:
     """Rerun `request` at world size 1 under compute-sanitizer to name the faulting kernel.
 
-    The rank worker belongs to the evaluator, so this asks it: `evaluator.sanitize(request)` (with
-    `so_path=` and `timeout_s=` when it takes them) returning compute-sanitizer's output as a str, a dict of
+    The rank worker belongs to the evaluator, so this asks it, when it `Sanitizes`:
+    `evaluator.sanitize(request, so_path=, timeout_s=)` returning compute-sanitizer's output as a str, a dict of
     logs, or an EvalResult whose logs hold it. Without that hook: "sanitizer unavailable"."""
-    hook = getattr(evaluator, "sanitize", None)
-    if not callable(hook):
+    if not isinstance(evaluator, Sanitizes):
         return SanitizerReport(False, message="sanitizer unavailable: the evaluator has no sanitize() hook")
     req = EvalRequest(**{**asdict(request), "world_size": 1})
     try:
-        try:
-            out = hook(req, so_path=so_path, timeout_s=timeout_s)
-        except TypeError:
-            out = hook(req)
+        out = evaluator.sanitize(req, so_path=so_path, timeout_s=timeout_s)
     except Exception as exc:  # noqa: BLE001 - the hook failing is a finding to show, not a crash of the loop
         return SanitizerReport(False, message=f"sanitizer unavailable: {type(exc).__name__}: {exc}")
     if isinstance(out, SanitizerReport):

@@ -50,10 +50,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from cuco_kit.errors import BadInput, CucoError
-from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator
+from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, badge_of
 from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
@@ -69,7 +69,14 @@ from cuco_kit.search.meta import MetaSummarizer
 from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict, openai_embedder
 from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import LINEAGE_TAG, Population, ProgramView
-from cuco_kit.search.proposal import Proposal, ProposalContext, ProposalSource
+from cuco_kit.search.proposal import (
+    BindsEngine,
+    HasClient,
+    Proposal,
+    ProposalContext,
+    ProposalSource,
+    RepairsBuilds,
+)
 from cuco_kit.search.selection import SelectionConfig, select_parent
 from cuco_kit.search.start_point import StartPoint, add_lineage, read_baseline
 from cuco_kit.store import Store, code_hash
@@ -102,6 +109,15 @@ class SearchSummary:
         return asdict(self)
 
 
+@runtime_checkable
+class BindsLedger(Protocol):
+    """An evaluator that makes LLM calls of its own while evaluating (an optional capability; the evaluation
+    layer knows nothing of ledgers): the search hands it the run's ledger so those calls count against the
+    same budget."""
+
+    def bind_ledger(self, ledger: Ledger) -> None: ...
+
+
 class _NoEvents:
     def publish(self, kind: str, run_id: int | None = None, **data: Any) -> None:
         return None
@@ -132,14 +148,14 @@ class SearchEngine:
         self.evaluator = evaluator
         self.config = config or SearchConfig()
         self.events: EventSink = events if events is not None else _NoEvents()
-        self.sources: list[Any] = list(sources)
+        self.sources: list[ProposalSource] = list(sources)
         self.human: HumanSource = next((s for s in self.sources if isinstance(s, HumanSource)), None) \
             or HumanSource()
         if self.human not in self.sources:
             self.sources.append(self.human)
         self.gate = ApprovalGate(self.config.gate)
         self.executor: Executor = executor or PoolExecutor(evaluator, self.config.slots)
-        self.badge: Badge = getattr(evaluator, "badge", "real")
+        self.badge: Badge = badge_of(evaluator)
         self._requested_run_id = run_id
         self._resume = resume
         spec = self.config.models.novelty
@@ -165,6 +181,7 @@ class SearchEngine:
         self._migrations: list[dict] = []
         self._meta_summary = ""
         self._wall_before = 0.0
+        self._budget: BudgetTracker | None = None  # made with the run, in _setup
         self._llm_out = False
         self._empty_rounds = 0  # rounds in a row that proposed nothing new
         self._nothing_new = ""  # why the search ends for want of anything new to propose ("" while it has some)
@@ -255,6 +272,13 @@ class SearchEngine:
         """Generations finished so far."""
         return self._gen_done
 
+    @property
+    def budget(self) -> BudgetTracker:
+        """The run's budget tracker; it exists once the search is set up (run() or start())."""
+        if self._budget is None:
+            raise CucoError("the search is not set up yet: its budget is tracked once run() or start() set it up")
+        return self._budget
+
     # ------------------------------------------------------------------------------------------- events
     def _emit(self, kind: str, **data: Any) -> None:
         try:
@@ -263,7 +287,7 @@ class SearchEngine:
             log.error("event %s not published: %s", kind, exc)
 
     def _log(self, message: str, level: str = "info") -> None:
-        getattr(log, "warning" if level == "warning" else "info")(message)
+        log.log(logging.WARNING if level == "warning" else logging.INFO, message)
         self._emit("log", message=message, level=level, source="search")
 
     def _set_state(self, state: str, reason: str = "") -> None:
@@ -289,17 +313,14 @@ class SearchEngine:
         self.ledger = Ledger(self.store, self.run_id, cfg.budget.llm_dollars, budget_tokens=cfg.budget.llm_tokens,
                              prices=cfg.models.prices() or None, per_run=True)
         for s in self.sources:
-            bind = getattr(s, "bind", None)
-            if callable(bind):
-                bind(self)
-        bind_ledger = getattr(self.evaluator, "bind_ledger", None)  # optional: not part of the Evaluator protocol
-        if callable(bind_ledger):
-            bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
-        llm = next((getattr(s, "meta_client", None) or getattr(s, "client", None) for s in self.sources
-                    if getattr(s, "client", None)), None)
+            if isinstance(s, BindsEngine):
+                s.bind(self)
+        if isinstance(self.evaluator, BindsLedger):
+            self.evaluator.bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
+        llm = next((s.meta_client or s.client for s in self.sources if isinstance(s, HasClient)), None)
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
                                    world_size=cfg.world_size)
-        self.budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
+        self._budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
         if not self.population.roots():
             self._add_roots()
         self._restore_pending()
@@ -486,13 +507,13 @@ class SearchEngine:
     def _kinds(self) -> set[str]:
         kinds: set[str] = set()
         for s in self.sources:
-            kinds.update(getattr(s, "kinds", ()))
+            kinds.update(s.kinds)
         if self._llm_out:
             kinds -= set(LLM_KINDS)
         return kinds
 
-    def _source_for(self, kind: str) -> Any:
-        return next(s for s in self.sources if kind in getattr(s, "kinds", ()))
+    def _source_for(self, kind: str) -> ProposalSource:
+        return next(s for s in self.sources if kind in s.kinds)
 
     def _round(self, generation: int) -> None:
         cfg = self.config
@@ -571,7 +592,7 @@ class SearchEngine:
         failed, self._build_failed = self._build_failed, []
         batch: list[tuple[Proposal, int]] = []
         for p in failed:
-            source = next((s for s in self.sources if callable(getattr(s, "repair_build", None))), None)
+            source = next((s for s in self.sources if isinstance(s, RepairsBuilds)), None)
             parent = self.population.get(p.parent_id)
             if source is None or parent is None or self._llm_out:
                 continue
@@ -623,7 +644,7 @@ class SearchEngine:
             parent = self.population.get(prop.parent_id)
             batch.append((prop, parent.island if parent else 0))
         self._admit(batch, self._gen_done + 1, round_generation=self._admitted)
-        for err in getattr(self.human, "errors", []):
+        for err in self.human.errors:
             self._log(err, "warning")
 
     def _admit(self, batch: list[tuple[Proposal, int]], generation: int, *, round_generation: int) -> int:
@@ -824,7 +845,7 @@ class SearchEngine:
         self.store.put_meta(self._rid, "state", {
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
-            "wall_s": self.budget.wall_used() if hasattr(self, "budget") else self._wall_before,
+            "wall_s": self._budget.wall_used() if self._budget is not None else self._wall_before,
             "llm_exhausted": self._llm_out, "empty_rounds": self._empty_rounds,
             "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
             "archive": self.archive.cells()})
@@ -840,5 +861,5 @@ class SearchEngine:
             best_median_ms=(best.result or {}).get("median_ms") if best else None, badge=self.badge,
             duplicates_skipped=self.counters["duplicates_skipped"],
             novelty_rejected=self.counters["novelty_rejected"], reruns=self.counters["reruns"],
-            prebuilds=getattr(self.executor, "prebuilds", 0),
+            prebuilds=self.executor.prebuilds,
             llm_dollars=self.store.llm_dollars(self.run_id) if self.run_id is not None else 0.0)

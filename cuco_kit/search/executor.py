@@ -13,7 +13,7 @@ import threading
 from typing import Protocol, runtime_checkable
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, Progress
+from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, Prebuilds, Progress
 
 log = logging.getLogger("cuco_kit.search")
 
@@ -21,6 +21,7 @@ log = logging.getLogger("cuco_kit.search")
 @runtime_checkable
 class Executor(Protocol):
     slots: int
+    prebuilds: int  # how many builds were started ahead of their evaluation
 
     def submit(self, request: EvalRequest, progress: Progress | None = None) -> cf.Future[EvalResult]: ...
 
@@ -46,9 +47,9 @@ class PoolExecutor:
         self.evaluator = evaluator
         self.slots = slots
         self._pool = cf.ThreadPoolExecutor(max_workers=slots, thread_name_prefix="cuco-eval")
-        self._can_build = callable(getattr(evaluator, "prebuild", None))
+        self._prebuilder = evaluator if isinstance(evaluator, Prebuilds) else None
         self._builder = (cf.ThreadPoolExecutor(max_workers=build_workers, thread_name_prefix="cuco-build")
-                         if self._can_build else None)
+                         if self._prebuilder is not None else None)
         self._lock = threading.Lock()
         self.prebuilds = 0  # how many builds were started ahead of their evaluation
 
@@ -59,18 +60,19 @@ class PoolExecutor:
         return self._pool.submit(run)
 
     def prebuild(self, request: EvalRequest) -> None:
-        if self._builder is None:
+        builder, prebuilder = self._builder, self._prebuilder
+        if builder is None or prebuilder is None:
             return
         with self._lock:
             self.prebuilds += 1
 
         def build() -> None:
             try:
-                self.evaluator.prebuild(request)  # type: ignore[attr-defined]  # optional; __init__ checked it
+                prebuilder.prebuild(request)
             except Exception as exc:  # noqa: BLE001 - the evaluation will build again and report it properly
                 log.debug("prebuild of %s failed: %s", request.label, exc)
 
-        self._builder.submit(build)
+        builder.submit(build)
 
     def shutdown(self, wait: bool = True) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)

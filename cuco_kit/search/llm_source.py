@@ -205,11 +205,12 @@ class LLMSource:
 
     def _context(self, ctx: ProposalContext) -> str:
         e = self.engine
-        wl = getattr(e, "workload", None)
-        cfg = getattr(e, "config", None)
+        if e is None:  # a source used on its own, outside a search
+            return conditioning.render_context(ctx.population, ctx.parent, workload="?", description="",
+                                               backend="?", world_size=1)
         return conditioning.render_context(
-            ctx.population, ctx.parent, workload=getattr(wl, "name", "?"), description=getattr(wl, "description", ""),
-            backend=getattr(cfg, "backend", "?"), world_size=getattr(cfg, "world_size", 1))
+            ctx.population, ctx.parent, workload=e.workload.name, description=e.workload.description,
+            backend=e.config.backend, world_size=e.config.world_size)
 
     def build_messages(self, ctx: ProposalContext, kind: str) -> list[dict]:
         parent = ctx.parent
@@ -268,7 +269,7 @@ class LLMSource:
     def _novelty(self, ctx: ProposalContext, code: str, source: str) -> str | None:
         """Why the novelty filter would reject ``code`` (None when it is novel or there is no engine)."""
         e = self.engine
-        if e is None or not getattr(e, "novelty", None):
+        if e is None:
             return None
         _, cell = cell_of(code, e.config.backend, e.config.cell_features)
         v = e.novelty.check(code, cell, source, ctx.population)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from cuco_kit import patch
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from cuco_kit.llm.client import LLMClient
+    from cuco_kit.search.engine import SearchEngine
     from cuco_kit.search.phases import PhaseSettings
     from cuco_kit.search.population import Population, ProgramView
 
@@ -100,6 +102,33 @@ class ProposalSource(Protocol):
     kinds: tuple[str, ...]
 
     def propose(self, context: ProposalContext) -> list[Proposal]: ...
+
+
+# Optional capabilities of a source; the engine narrows with isinstance.
+
+@runtime_checkable
+class BindsEngine(Protocol):
+    """Wants the engine once it is set up (its ledger, workload and config), before the first proposal."""
+
+    def bind(self, engine: SearchEngine) -> None: ...
+
+
+@runtime_checkable
+class RepairsBuilds(Protocol):
+    """Given a program of its own that did not compile, proposes a child of ``ctx.parent`` that makes the same
+    change in a way that compiles (or nothing)."""
+
+    def repair_build(self, ctx: ProposalContext, failed: ProgramView) -> list[Proposal]: ...
+
+
+@runtime_checkable
+class HasClient(Protocol):
+    """Talks to an LLM; the meta-summary uses ``meta_client``, or ``client`` when that is None."""
+
+    @property
+    def client(self) -> LLMClient: ...
+
+    meta_client: LLMClient | None
 
 
 def unified_diff(old: str, new: str) -> str:

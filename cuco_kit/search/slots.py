@@ -30,7 +30,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, EvaluatorLost, Progress
+from cuco_kit.evaluate.api import (
+    Badge,
+    EvalRequest,
+    EvalResult,
+    Evaluator,
+    EvaluatorLost,
+    Progress,
+    close_evaluator,
+)
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.search.executor import error_result
 from cuco_kit.search.gpu_sets import GpuSet, plan
@@ -72,9 +80,7 @@ class LocalSlot:
             raise SlotLost(str(exc)) from exc
 
     def close(self) -> None:
-        close = getattr(self.evaluator, "close", None)
-        if callable(close):
-            close()
+        close_evaluator(self.evaluator)
 
 
 @dataclass

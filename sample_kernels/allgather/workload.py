@@ -33,8 +33,6 @@ WORKLOAD = Workload(
     ],
     reference=_reference,
     tolerance=Tolerance(rel=0.0),
-    seeds={"nccl": "seed_nccl.cu", "symm": "seed_copy.cu"},
-    baseline="device_lsa.cu",
     flops=lambda p, w: 0.0,
     comm_bytes=lambda p, w: float((w - 1) * p["N_PER_RANK"] * BF16_BYTES),
     size_presets={

@@ -357,9 +357,8 @@ WORKLOAD = Workload(
     reference=reference,
     tolerance=Tolerance(rel=REL_TOLERANCE),
     make_inputs=make_inputs,
-    seeds={"nccl": "seed_nccl.cu", "symm": "seed_copy.cu"},
-    baseline="device_lsa.cu",
     flops=flops,
     comm_bytes=comm_bytes,
     size_presets={k: dict(v) for k, v in SIZE_PRESETS.items()},
+    check_presets=("small_skew5_fp8", "small_skew5", "small_fp8"),  # the gpu tier's; the quick form runs the first
 )

@@ -52,6 +52,7 @@ from cuco_kit.search.proposal import Proposal, unified_diff
 from cuco_kit.search.synthetic import write_synthetic_workload
 from cuco_kit.smoke import wait_for
 from cuco_kit.store import Store
+from cuco_kit.workbench import start_search
 from cuco_kit.widgets import LedgerView, ReasoningPanel, RunDashboard, TimelineView, banner
 
 PAYLOADS = {PAYLOADS!r}
@@ -98,8 +99,7 @@ wl = write_synthetic_workload(Path(tempfile.mkdtemp()) / "wl")
 store = Store(Path(tempfile.mkdtemp()) / "xss.db")
 cfg = SearchConfig(seed=3, proposals_per_generation=3, gate="manual", budget=BudgetConfig(generations=3),
                    novelty=NoveltyConfig(enabled=False))  # a comment is all a proposal changes
-engine = SearchEngine(wl, store, HostileEvaluator(), [HostileSource()], cfg, EventBus())
-engine.start()
+engine = start_search(SearchEngine(wl, store, HostileEvaluator(), [HostileSource()], cfg, EventBus()))
 RunDashboard(engine, key="xss")
 '''
 

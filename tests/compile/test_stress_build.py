@@ -21,19 +21,29 @@ from pathlib import Path
 import pytest
 
 from cuco_kit.evaluate import build as B
+from cuco_kit.workload import sample_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_kernels"
 ADVERSARIAL = ROOT / "tests" / "data" / "adversarial"
-SOURCES = sorted(ROOT.glob("sample_kernels/**/*.cu")) + sorted(ADVERSARIAL.glob("*.cu"))
 # Every sample's stress build for every backend; of the adversarial set, the signalling-race classes (EXPECTED.json
 # entries with a `race`), under symm (where the GPU tier runs them; their plain builds for both backends are
 # test_compile_samples'), each with its workload's headers.
 EXPECTED = {k: v for k, v in json.loads((ADVERSARIAL / "EXPECTED.json").read_text()).items() if not k.startswith("_")}
 RACES = {name: ROOT / e.get("workload", "sample_kernels/allgather") for name, e in EXPECTED.items() if e.get("race")}
-CASES = ([(p, b) for p in SOURCES if "sample_kernels" in p.parts for b in B.supported_backends(p.read_text())
-          if B.has_stress_hooks(p.read_text(), b)]
-         + [(p, "symm") for p in SOURCES if p.name in RACES])
+
+
+def cases(root: Path = ROOT) -> list[tuple[Path, str]]:
+    """(source, backend) of every stress build: each sample folder's sources under ``root`` (the folders, so a new
+    sample is built with no list to edit) for each backend where they have waits to instrument, then the race
+    classes under symm."""
+    samples = [p for d in sample_workloads(root) for p in sorted(d.glob("**/*.cu"))]
+    return ([(p, b) for p in samples for b in B.supported_backends(p.read_text())
+             if B.has_stress_hooks(p.read_text(), b)]
+            + [(p, "symm") for p in sorted(ADVERSARIAL.glob("*.cu")) if p.name in RACES])
+
+
+CASES = cases()
 HOOK = "cuco_stress_configure"
 BUDGET_S = 12 * 60
 
@@ -67,7 +77,8 @@ def _exports(so: Path) -> str:
 
 def test_every_sample_and_race_class_is_covered() -> None:
     names = {(p.parent.name, p.name) for p, _ in CASES}
-    for wl in ("allgather", "attention_cp", "gemm_allgather", "kv_transfer", "moe_dispatch_combine"):
+    for d in sample_workloads(ROOT):
+        wl = d.name
         assert (wl, "device_lsa.cu") in names
         # host NCCL: its symm build pauses in the compat layer's waits; under nccl the waits are NCCL's own
         seed = SAMPLES / wl / "seed_nccl.cu"

@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # gives the script its own budget.
 BUDGET = ["--budget-s", os.environ.get("CUCO_RACE_BUDGET_S", "270")]
 QUICK_ARGS = ["--seeds", "5", "--honest-worlds", "4", "--cost-seeds", "1", "--alone-seeds", "0"]
-WORKLOADS = ("allgather", "attention_cp", "gemm_allgather", "kv_transfer", "moe_dispatch_combine")
 
 pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU")
 
@@ -73,7 +72,7 @@ def test_every_honest_sample_passes_at_1_2_and_4_ranks_with_every_perturbation_o
     worlds = record["meta"]["honest_worlds"]
     assert set(worlds) in ({1, 2, 4}, {4}), worlds  # full, quick
     seen = {(r["workload"], r["file"], r["world"]) for r in rows}
-    want = {(w, f, n) for w in WORKLOADS for f in ("device_lsa.cu", "seed_copy.cu") for n in worlds}
+    want = {(w, f, n) for w, f in _script("race_amplification").honest_set() for n in worlds}
     if 1 in worlds:  # a race needs two ranks: every race class passes at one
         want |= {(Path(e.get("workload", "sample_kernels/allgather")).name, f, 1) for f, e in _race_classes().items()}
     assert want <= seen, (sorted(want - seen), record["skipped"])

@@ -2,8 +2,9 @@
 pass L2 with fresh inputs at world size 1 (`nccl`) and 2 ranks (`symm` + compat), at each sample's small
 presets, the MoE sample's 8-bit dispatch included. The full knob grids and the timings are the benchmarks'
 job (benchmarks/<sample>/run.py); this is the gpu tier's regression check, quick enough to run on every GPU run.
-Every build is made at once before the first case; a case's worlds end with it (no later case uses them). Quick
-form: one preset per sample, the richest."""
+Every build is made at once before the first case; a case's worlds end with it (no later case uses them). The
+cases come from the folders: every sample under sample_kernels/ at each of its Workload.check_presets. Quick
+form: the first of them, one preset per sample."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
@@ -13,7 +14,7 @@ import pytest
 
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import gpu_present
-from cuco_kit.workload import load_workload
+from cuco_kit.workload import load_workload, sample_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 L2_TRIALS = 3
@@ -22,28 +23,38 @@ WORLDS = ((1, "nccl"), (2, "symm"))
 pytestmark = pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU (nvidia-smi)")
 
 SLOW = pytest.mark.slow
-CASES = [
-    pytest.param("gemm_allgather", "small"),
-    pytest.param("moe_dispatch_combine", "small_skew5", marks=SLOW),
-    pytest.param("moe_dispatch_combine", "small_fp8", marks=SLOW),
-    pytest.param("moe_dispatch_combine", "small_skew5_fp8"),
-    pytest.param("attention_cp", "small"),
-    pytest.param("attention_cp", "small_noncausal", marks=SLOW),
-    pytest.param("kv_transfer", "small", marks=SLOW),
-    pytest.param("kv_transfer", "small_paged"),
-]
+
+
+def cases(root: Path = ROOT) -> list:
+    """(sample, preset) for every sample folder under ``root`` and each of its check_presets; all but the first
+    are slow (the quick form leaves them out)."""
+    out = []
+    for d in sample_workloads(root):
+        wl = load_workload(d)
+        unknown = [p for p in wl.check_presets if p not in wl.size_presets]
+        if unknown:
+            raise ValueError(f"{d.name}/workload.py: check_presets {unknown} are not size_presets; "
+                             f"name some of {sorted(wl.size_presets)}")
+        out += [pytest.param(d.name, preset, marks=SLOW if i else ()) for i, preset in enumerate(wl.check_presets)]
+    return out
+
+
+CASES = cases()
 
 
 def sources(wl_dir: Path) -> dict[str, list[str]]:
-    baseline = load_workload(wl_dir).baseline
-    return {"nccl": ["seed_nccl.cu", "seed_copy.cu", baseline], "symm": ["seed_copy.cu", baseline]}
+    """The files each backend checks: both seeds and the baseline under nccl (host NCCL runs at world 1), the
+    copy seed and the baseline under symm."""
+    wl = load_workload(wl_dir)
+    assert wl.baseline is not None, f"{wl_dir.name} has no baseline"
+    return {"nccl": [wl.seeds["nccl"], wl.seeds["symm"], wl.baseline], "symm": [wl.seeds["symm"], wl.baseline]}
 
 
 @pytest.fixture(scope="module")
 def prebuilt(evaluator) -> None:
     """Every sample's sources for both worlds (timed and stress builds), in parallel: nvcc runs side by side
     instead of one build per evaluation."""
-    dirs = sorted({ROOT / "sample_kernels" / c.values[0] for c in CASES})
+    dirs = sorted({ROOT / "sample_kernels" / str(c.values[0]) for c in CASES})
     reqs = [EvalRequest(candidate_code=(d / name).read_text(), workload_dir=str(d), world_size=world, backend=backend)
             for d in dirs for world, backend in WORLDS for name in sources(d)[backend]]
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -18,7 +18,7 @@ class _Engine:
     def __init__(self, store: Store, run_id: int) -> None:
         self.store, self.run_id, self.events = store, run_id, EventBus()
         self.gate = ApprovalGate("manual")
-        self.state, self.reason = "running", ""
+        self.state, self.reason, self.population = "running", "", None
         self.stopped = 0
 
     def pause(self) -> None:

@@ -86,7 +86,7 @@ class ScriptedEvaluator:
 
 @dataclass
 class SanitizingEvaluator(ScriptedEvaluator):
-    def sanitize(self, request: EvalRequest) -> str:
+    def sanitize(self, request: EvalRequest, so_path: str | Path | None = None, *, timeout_s: float = 300.0) -> str:
         self.sanitized.append(request)
         return self.sanitizer_log or ""
 

@@ -228,7 +228,7 @@ class _FakeGate:
 class _FakeEngine:
     def __init__(self, store, run_id) -> None:
         self.store, self.run_id, self.events, self.gate = store, run_id, EventBus(), _FakeGate()
-        self.state = "running"
+        self.state, self.reason, self.population = "running", "", None
         self.calls: list[str] = []
 
     def pause(self):
