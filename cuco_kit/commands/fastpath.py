@@ -1,6 +1,8 @@
-"""`cuco fastpath SEED --backend lsa|gin [--workload DIR] [--model M] [--max-attempts N] [--db PATH] [--out FILE]
-[--json] [--manual] [--llm-timeout S] [--llm-retries N] [--llm-budget DOLLARS] [--llm-token-budget TOKENS]`: the
-host-to-device rewrite of a seed with an LLM (docs/fastpath.md).
+"""`cuco fastpath SEED --backend lsa|gin [--workload DIR] [--model M] [--rewrite-model M] [--judge-model M]
+[--single-stage] [--max-attempts N] [--db PATH] [--out FILE] [--json] [--manual] [--llm-timeout S] [--llm-retries N]
+[--llm-budget DOLLARS] [--llm-token-budget TOKENS]`: the host-to-device rewrite of a seed with an LLM
+(docs/fastpath.md). The rewrite and the judge are model roles: each defaults to --model ($CUCO_MODEL), so a cheap
+model can take the judge's calls.
 
 Exit code 0 when the run reached its goal (as far as this machine can check), 1 otherwise, 2 for bad input.
 Before any work it checks the flags and that the LLM server answers, so a missing server is one line saying how
@@ -42,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["lsa", "gin"], default="lsa")
     parser.add_argument("--workload", help="workload directory, for L2 when a GPU is present")
     parser.add_argument("--model", help="LLM model name (default: $CUCO_MODEL or the config)")
+    parser.add_argument("--rewrite-model", metavar="NAME", help="model that writes the stages (default: --model)")
+    parser.add_argument("--judge-model", metavar="NAME",
+                        help="model that diagnoses failed attempts (default: --model); it may be a cheaper one")
+    parser.add_argument("--single-stage", action="store_true",
+                        help="one rewrite from the seed to device code instead of Stage A then Stage B")
     parser.add_argument("--max-attempts", type=int, default=3)
     parser.add_argument("--db", help="SQLite database for proposals and the LLM ledger")
     parser.add_argument("--out", help="write the final candidate here")
@@ -82,9 +89,13 @@ def run(args: argparse.Namespace) -> int:
     # Everything is checked before the first LLM call: a bad flag costs nothing.
     _check_arguments(args)
     seed = load_source(args.seed, "seed")
-    cfg_llm = llm_config(args, model=args.model or None)
+    cfg_llm = llm_config(args, model=getattr(args, "rewrite_model", None) or args.model or None)
     check_llm_reachable(cfg_llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
     client = OpenAICompatibleClient(cfg_llm)
+    judge_name = getattr(args, "judge_model", None) or args.model or None
+    judge_client = None
+    if judge_name is not None and judge_name != cfg_llm.model:
+        judge_client = OpenAICompatibleClient(llm_config(args, model=judge_name))
     workload = args.workload
     evaluator: GpuEvaluator | None = None
     gpu = gpu_present()
@@ -99,9 +110,12 @@ def run(args: argparse.Namespace) -> int:
         evaluator = GpuEvaluator()
     config = FastPathConfig(backend=args.backend, max_attempts=int(args.max_attempts), gpu=gpu,
                             budget_dollars=args.llm_budget, budget_tokens=args.llm_token_budget,
-                            manual=bool(getattr(args, "manual", False)))
+                            manual=bool(getattr(args, "manual", False)),
+                            single_stage=bool(getattr(args, "single_stage", False)),
+                            rewrite_model=cfg_llm.model, judge_model=judge_name or cfg_llm.model)
     try:
-        fp = FastPath(seed, workload, client, evaluator, store, config, seed_name=Path(args.seed).name)
+        fp = FastPath(seed, workload, client, evaluator, store, config, seed_name=Path(args.seed).name,
+                      judge_llm=judge_client)
         if fp.seed_blocks:
             # the mapping of the seed's own blocks (CUCo's unnamed ones get block_<n>), before they are set aside
             print(clean(f"{fp.block_names or 'the seed has EVOLVE blocks'}; the stages work on the code without "
