@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -81,6 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--target", type=float, default=None, metavar="RATIO",
+                        help="stop once a program is faster than the seed by this ratio (e.g. 1.2) with its 95%% "
+                             "interval clear of it (the interval's lower bound above RATIO)")
     parser.add_argument("--from", dest="from_result", metavar="RESULT.cu",
                         help="start from a fast-path result (its frozen bytes are the L0 parent, its knob block the "
                              "design space) instead of the workload's baseline")
@@ -97,6 +101,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise BadInput(f"--seed {args.seed}: must be between 0 and {MAX_SEED}")
     if not 1 <= args.ranks <= MAX_RANKS:
         raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
+    target = getattr(args, "target", None)
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise BadInput(f"--target {target:g}: must be a speed-up over the seed, a number above 0 (e.g. 1.2)")
     check_llm_arguments(args)
     check_executor_arguments(args)
     if args.mutator == "offline" and (getattr(args, "record", None) or getattr(args, "replay", None)):
@@ -271,7 +278,8 @@ def run(args: argparse.Namespace) -> int:
     start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
-                                              llm_tokens=args.llm_token_budget), models=models)
+                                              llm_tokens=args.llm_token_budget), models=models,
+                          target_ratio=getattr(args, "target", None))
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}
