@@ -26,7 +26,7 @@ from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
 from cuco_kit.fastpath import FastPath, FastPathConfig
-from cuco_kit.llm import LLMClient, LLMConfig, OpenAICompatibleClient, fixtures
+from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient, fixtures
 from cuco_kit.llm.fake_server import Scripted, answer
 from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
@@ -256,14 +256,16 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
                backend: str = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
                llm: LLMClient | None = None,
                config: SearchConfig | dict[str, Any] | None = None,
-               executor: Executor | None = None, start: StartPoint | None = None) -> tuple[SearchEngine, Store]:
+               executor: Executor | None = None, start: StartPoint | None = None,
+               llm_calls: CallLog | None = None) -> tuple[SearchEngine, Store]:
     """A SearchEngine wired for a notebook, not started: the offline design-space source (plus the LLM
     sources when `llm`, an LLM client, is given), an event bus for the widgets and a store at `db`.
     `config` (a SearchConfig or its dict, e.g. a recorded run's) overrides the keyword settings except the gate
     and the budget. `executor`: where evaluations run (cuco_kit.search.slots.local_executor for this host's GPU
     sets, cuco_kit.search.ray_executor.ray_executor for a Ray cluster; it is also the evaluator to pass then);
     default one evaluator in this kernel. `start` (search/start_point.py) starts from a fast-path result instead of
-    the baseline. Returns (engine, store)."""
+    the baseline. `llm_calls`: CallLog.record(folder) keeps every LLM call and its answer there, CallLog.replay(folder)
+    answers them from it (then `llm` may be None: no server is asked). Returns (engine, store)."""
     if config is None:
         cfg = SearchConfig(world_size=world_size, backend=backend, params=dict(params or {}), iters=iters,
                            seed=seed, proposals_per_generation=proposals_per_generation)
@@ -272,6 +274,8 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
     cfg.gate = gate
     cfg.budget = BudgetConfig(generations=generations)
     sources: list[Any] = [DesignSpaceSource(cfg.design_space)]
+    if llm_calls is not None and (llm is not None or llm_calls.mode == "replay"):
+        llm = llm_calls.wrap(llm)
     if llm is not None:
         sources.append(LLMSource(llm))
     store = Store(db)
@@ -470,16 +474,22 @@ def llm_configured() -> bool:
 
 
 def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: str | None = None,
-              max_attempts: int | None = None, manual: bool = False) -> tuple[FastPath, Note]:
+              max_attempts: int | None = None, manual: bool = False,
+              llm_calls: CallLog | None = None) -> tuple[FastPath, Note]:
     """A FastPath over the workload's host-NCCL seed and a note saying which LLM answers. Smoke runs, and
     machines with no LLM configured ($OPENAI_API_KEY / $OPENAI_BASE_URL unset), get the fake server with the
     recorded FIXTURE answers. L2 runs only with a real GPU evaluator; otherwise stages stop after L1 and say so.
-    `manual`: every attempt waits for approve / reject(note) / edit (the notebook's FastPathStepper)."""
+    `manual`: every attempt waits for approve / reject(note) / edit (the notebook's FastPathStepper).
+    `llm_calls`: CallLog.record(folder) keeps every LLM call and its answer there; CallLog.replay(folder) answers
+    them from it, with no server, fake or live."""
     wl = load_workload(workload_dir)
     seed_path = wl.directory / (seed_file or wl.seeds.get("nccl") or next(iter(wl.seeds.values())))
     store = Store(run_db("01_fast_path"))
     client: LLMClient
-    if smoke.enabled() or not llm_configured():
+    if llm_calls is not None and llm_calls.mode == "replay":
+        client = llm_calls.wrap(None)
+        note = Note(f"LLM answers replayed from {llm_calls.path} (recorded earlier; no server is asked)", "info")
+    elif smoke.enabled() or not llm_configured():
         client, server = smoke.fake_llm_for_smoke(fastpath_fixtures(), max_retries=0)
         why = ("smoke run" if smoke.enabled()
                else "no LLM configured (set OPENAI_API_KEY, or OPENAI_BASE_URL for a local server)")
@@ -489,6 +499,9 @@ def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: s
         cfg = LLMConfig()
         client = OpenAICompatibleClient(cfg)
         note = Note(f"LLM: {cfg.model} at {cfg.base_url}", "info")
+    if llm_calls is not None and llm_calls.mode == "record":
+        client = llm_calls.wrap(client)
+        note = Note(f"{note.text}; every call recorded to {llm_calls.path}", note.badge)
     fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled(),
                          manual=manual)
     evaluator = choice.evaluator if choice.kind == "gpu" else None

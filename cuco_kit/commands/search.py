@@ -6,12 +6,15 @@ search starts: bad input is one line and exit code 2. The search ends after --ge
 earlier when it has nothing new to propose ("design space exhausted" for the offline mutator). The LLM dollar
 budget is per run (--llm-budget, default $10; a resumed run counts what it spent before) and the run stops cleanly
 when it is spent; a search whose LLM answered none of its calls, or stopped answering, exits 1 with one line saying
-so. Names and reasons from the LLM and the candidates are printed cleaned of control characters.
+so. `--record DIR` keeps every LLM call and its answer in DIR; `--replay DIR` answers them from there without a
+server (a call the recording lacks stops the search with one line naming it). Names and reasons from the LLM and the
+candidates are printed cleaned of control characters.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -36,6 +39,7 @@ from cuco_kit.commands.llm_options import (
     llm_failure,
     unanswered,
 )
+from cuco_kit.commands.llm_recording import add_recording_arguments, call_log, replay_miss
 from cuco_kit.commands.model_options import add_model_arguments, models_from_args
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import close_evaluator
@@ -43,7 +47,7 @@ from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
-from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
+from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient
 from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
@@ -79,10 +83,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--target", type=float, default=None, metavar="RATIO",
+                        help="stop once a program is faster than the seed by this ratio (e.g. 1.2) with its 95%% "
+                             "interval clear of it (the interval's lower bound above RATIO)")
     parser.add_argument("--from", dest="from_result", metavar="RESULT.cu",
                         help="start from a fast-path result (its frozen bytes are the L0 parent, its knob block the "
                              "design space) instead of the workload's baseline")
     add_llm_arguments(parser, scope="run")
+    add_recording_arguments(parser)
     add_model_arguments(parser)
     add_executor_arguments(parser)
 
@@ -94,8 +102,14 @@ def _check_arguments(args: argparse.Namespace) -> None:
         raise BadInput(f"--seed {args.seed}: must be between 0 and {MAX_SEED}")
     if not 1 <= args.ranks <= MAX_RANKS:
         raise BadInput(f"--ranks {args.ranks}: must be between 1 and {MAX_RANKS}")
+    target = getattr(args, "target", None)
+    if target is not None and not (math.isfinite(target) and target > 0):
+        raise BadInput(f"--target {target:g}: must be a speed-up over the seed, a number above 0 (e.g. 1.2)")
     check_llm_arguments(args)
     check_executor_arguments(args)
+    if args.mutator == "offline" and (getattr(args, "record", None) or getattr(args, "replay", None)):
+        raise BadInput("--record / --replay keep LLM calls, and --mutator offline makes none: use --mutator llm or "
+                       "mixed")
 
 
 def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
@@ -166,21 +180,28 @@ def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, wl: Workload,
 
 
 def _sources(mutator: str, llm: LLMConfig | None, models: ModelsConfig,
-             breakers: list[LLMBreaker]) -> list[ProposalSource]:
-    """The proposal sources; every LLM client is wrapped in a breaker (appended to ``breakers``)."""
+             breakers: list[LLMBreaker], calls: CallLog | None = None) -> list[ProposalSource]:
+    """The proposal sources; every LLM client is wrapped in a breaker (appended to ``breakers``), and recorded or
+    replayed through ``calls`` when given."""
     out: list[ProposalSource] = []
     if mutator in ("offline", "mixed"):
         out.append(DesignSpaceSource())
     if llm is None:
         return out
+
+    def via_log(client: LLMClient) -> LLMClient:
+        return calls.wrap(client) if calls is not None else client
+
     if not models.mutation:
-        breakers.append(LLMBreaker(OpenAICompatibleClient(llm)))
+        breakers.append(LLMBreaker(via_log(OpenAICompatibleClient(llm))))
         out.append(LLMSource(breakers[-1]))
         return out
     source = LLMSource.from_models(models, llm)
     for name, client in list(source.clients.items()):
-        breakers.append(LLMBreaker(client))
+        breakers.append(LLMBreaker(via_log(client)))
         source.clients[name] = breakers[-1]
+    if source.meta_client is not None:
+        source.meta_client = via_log(source.meta_client)
     out.append(source)
     return out
 
@@ -235,9 +256,11 @@ def run(args: argparse.Namespace) -> int:
     wl = load_workload(workload_dir)
     params = _check_workload(wl, args)
     llm: LLMConfig | None = None
+    calls = call_log(args)
     if args.mutator != "offline":
         llm = llm_config(args)
-        check_llm_reachable(llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
+        if calls is None or calls.mode != "replay":  # a replay asks no server
+            check_llm_reachable(llm.base_url or "", min(args.llm_timeout, PROBE_TIMEOUT_S))
     spec = _evaluator_spec(args, workload_dir, wl, params)
     db = Path(args.db)
     if not db.parent.exists():
@@ -256,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
     start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
-                                              llm_tokens=args.llm_token_budget), models=models)
+                                              llm_tokens=args.llm_token_budget), models=models,
+                          target_ratio=getattr(args, "target", None))
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}
@@ -265,10 +289,12 @@ def run(args: argparse.Namespace) -> int:
     events.subscribe(_printer(args.json))
     events.subscribe(slot_printer(sys.stderr if args.json else sys.stdout))
     breakers: list[LLMBreaker] = []
-    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator, llm, models, breakers), config, events,
-                          executor=executor, start=start)
+    engine = SearchEngine(workload_dir, store, evaluator, _sources(args.mutator, llm, models, breakers, calls),
+                          config, events, executor=executor, start=start)
     for breaker in breakers:
         breaker.on_trip = engine.stop  # a dead LLM ends the search after this round, resumable later
+    if calls is not None:
+        calls.on_miss = engine.stop  # a replay that cannot answer ends the search: its proposals would differ
     bar = tqdm(total=args.generations, unit="gen", desc=wl.name, file=sys.stderr, leave=False,
                disable=args.json or not sys.stderr.isatty())
     events.subscribe(_progress_bar(engine, bar))
@@ -280,6 +306,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         store.close()
+    miss = replay_miss(calls)
+    if miss is not None:
+        print(f"cuco search: run {engine.run_id} stopped: {clean(miss)}", file=sys.stderr)
+        return 1
     if llm is not None and engine.ledger is not None:
         failed = _llm_failed(engine, next((b for b in breakers if b.tripped), None), llm.base_url or "")
         if failed is not None:

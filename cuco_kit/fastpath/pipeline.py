@@ -2,13 +2,17 @@
 
     analyze -> Stage A (devComm + declared scratch windows through the runtime helpers; host collectives kept)
             -> Stage B (host collectives replaced by LSA device code; or GIN, compile-only on this hardware)
+            (or, with `single_stage`, one stage "single" that does both in one rewrite, checked as Stage B is)
             -> annotate (EVOLVE blocks + knob block; accepted only if stripping the markers gives back the
                input byte for byte, else a deterministic fallback)
 
 Each stage loops: rewrite (LLM) -> L0 -> L1 (nvcc) -> L2 (1 and 2 ranks through an Evaluator, when a GPU is
 present) -> judge (LLM diagnosis of a failure; the HARNESS decides pass/fail, never the judge) -> retry with
-the history of failed attempts, up to `max_attempts`. Without a GPU a stage stops after L1 and says so
-("no GPU: L2 not evaluated"); GIN output is built and reported "unavailable to run", which is not a failure.
+the history of failed attempts, up to `max_attempts`. The rewrite and the judge are model roles of their own:
+`FastPath(..., judge_llm=...)` sends the judge's calls to another client (a cheaper model), through the same
+ledger; `FastPathConfig.rewrite_model` / `judge_model` record the names in the run's config.
+Without a GPU a stage stops after L1 and says so ("no GPU: L2 not evaluated"); GIN output is built and reported
+"unavailable to run", which is not a failure.
 
 Every step is an object a notebook can hold: `FastPath.analyze()` gives the AnalysisReport, each stage a
 StageOutcome with its Attempts (proposal text, code, diff, L0, build log, evaluation, diagnosis, verdict). In
@@ -42,9 +46,11 @@ from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 
 BACKENDS = ("lsa", "gin")
-STAGES = ("A", "B", "annotate")
-PURPOSES = {"A": "fastpath.stage_a", "B": "fastpath.stage_b", "annotate": "fastpath.annotate",
-            "judge": "fastpath.judge"}
+STAGES = ("A", "B", "single", "annotate")
+PURPOSES = {"A": "fastpath.stage_a", "B": "fastpath.stage_b", "single": "fastpath.single_stage",
+            "annotate": "fastpath.annotate", "judge": "fastpath.judge"}
+# Stages whose output has no host communication left (their L0 contract is Stage B's).
+REPLACING_STAGES = ("B", "single")
 NO_GPU = "no GPU: L2 not evaluated"
 GIN_UNAVAILABLE = "GIN: built for nccl; unavailable to run here (needs RDMA NICs) - not a failure"
 
@@ -72,6 +78,12 @@ class FastPathConfig:
     temperature: float | None = 0.2
     max_tokens: int | None = None
     judge: bool = True  # ask the LLM for a diagnosis of each failed attempt
+    # One rewrite from the seed straight to device-initiated code ("single"), instead of Stage A then Stage B.
+    single_stage: bool = False
+    # The model roles, as names for the run's record (None: the client's configured model). The clients are what
+    # FastPath is given: `llm` rewrites, `judge_llm` (default: `llm`) diagnoses; `cuco fastpath` builds them.
+    rewrite_model: str | None = None
+    judge_model: str | None = None
     budget_dollars: float | None = 5.0  # hard LLM budget when FastPath wraps the client in a Ledger itself
     budget_tokens: int | None = None  # tokens of calls at unknown price (None: the ledger's default)
     gpu: bool | None = None  # None: detect with nvidia-smi; False: never run L2; True: assume one is present
@@ -184,7 +196,8 @@ class FastPath:
     def __init__(self, seed_code: str, workload_dir: str | Path | None, llm: LLMClient,
                  evaluator: Evaluator | None = None, store: Store | None = None,
                  config: FastPathConfig | None = None, events: EventSink | None = None, *,
-                 builder: Callable[..., Any] | None = None, seed_name: str = "seed.cu") -> None:
+                 builder: Callable[..., Any] | None = None, seed_name: str = "seed.cu",
+                 judge_llm: LLMClient | None = None) -> None:
         if not isinstance(seed_code, str) or not seed_code.strip():
             raise BadInput("the fast path needs the seed's source text")
         self.seed_code = seed_code
@@ -207,6 +220,13 @@ class FastPath:
             self.llm = LedgeredClient(llm, Ledger(store, self.run_id, self.config.budget_dollars,
                                                   budget_tokens=self.config.budget_tokens))
         self.ledger = self.llm.ledger
+        # The judge role: its own client when given (another model), on the same ledger and budget.
+        if judge_llm is None:
+            self.judge_llm: LedgeredClient = self.llm
+        elif isinstance(judge_llm, LedgeredClient):
+            self.judge_llm = judge_llm
+        else:
+            self.judge_llm = LedgeredClient(judge_llm, self.ledger)
         self.report: AnalysisReport | None = None
         self.outcomes: dict[str, StageOutcome] = {}
         # A seed that carries EVOLVE markers (CUCo's unnamed ones are named block_<n>): the stages rewrite the code
@@ -236,6 +256,10 @@ class FastPath:
 
     def stage_b(self) -> StageOutcome:
         return self._drive(self._stage_gen("B"))
+
+    def single_stage(self) -> StageOutcome:
+        """Stage A and Stage B in one rewrite (the seed straight to device-initiated code)."""
+        return self._drive(self._stage_gen("single"))
 
     def annotate(self) -> StageOutcome:
         return self._drive(self._annotate_gen())
@@ -293,12 +317,17 @@ class FastPath:
         feats = self.analyze().features()
         if not feats["uses_host_comm"]:
             self._log("the seed has no host NCCL communication: Stage A and B have nothing to replace")
-        a = yield from self._stage_gen("A")
-        if not a.ok:
-            return self._result(a.status, f"Stage A did not pass: {a.message}")
-        b = yield from self._stage_gen("B")
-        if not b.ok:
-            return self._result(b.status, f"Stage B did not pass: {b.message}")
+        if self.config.single_stage:
+            b = yield from self._stage_gen("single")
+            if not b.ok:
+                return self._result(b.status, f"the single stage did not pass: {b.message}")
+        else:
+            a = yield from self._stage_gen("A")
+            if not a.ok:
+                return self._result(a.status, f"Stage A did not pass: {a.message}")
+            b = yield from self._stage_gen("B")
+            if not b.ok:
+                return self._result(b.status, f"Stage B did not pass: {b.message}")
         n = yield from self._annotate_gen()
         if not n.ok:
             return self._result("failed", f"annotate failed: {n.message}")
@@ -412,6 +441,9 @@ class FastPath:
                 summary = f"(analysis failed: {exc})"
             user = render(name, analysis=summary, api_context=ctx, cookbook=load("cookbook"), code=code,
                           history=hist)
+            if stage == "single":
+                # Stage B's rules, on the seed itself, after what Stage A would have added first.
+                user = render(f"fastpath_single_stage_{self.config.backend}", stage_b=user)
         return [{"role": "system", "content": load("fastpath_system")}, {"role": "user", "content": user}]
 
     def _history_text(self, history: list[Attempt]) -> str:
@@ -484,7 +516,8 @@ class FastPath:
     def _evaluate_stage(self, attempt: Attempt, stage_input: str) -> None:
         cfg = self.config
         code = attempt.code or ""
-        attempt.l0 = steps.check_stage_output(code, attempt.stage, cfg.backend, self.report)
+        contract = "B" if attempt.stage in REPLACING_STAGES else attempt.stage
+        attempt.l0 = steps.check_stage_output(code, contract, cfg.backend, self.report)
         if not attempt.l0.ok:
             attempt.verdict, attempt.level = "fail", "L0"
             attempt.reason = "L0: " + "; ".join(attempt.l0.reasons)
@@ -505,7 +538,7 @@ class FastPath:
                 return
         attempt.build_log = "\n".join(logs)
         attempt.level = "L1"
-        if attempt.stage == "B" and cfg.backend == "gin":
+        if attempt.stage in REPLACING_STAGES and cfg.backend == "gin":
             attempt.verdict, attempt.reason = "compile_only", GIN_UNAVAILABLE
             return
         if self.evaluator is None or self.workload_dir is None:
@@ -519,7 +552,7 @@ class FastPath:
         self._run_l2(attempt, code, targets, self.evaluator)
 
     def _build_backends(self, code: str, attempt: Attempt) -> list[str]:
-        if attempt.stage == "B" and self.config.backend == "gin":
+        if attempt.stage in REPLACING_STAGES and self.config.backend == "gin":
             return ["nccl"]
         try:
             # host NCCL calls build for symm too (runtime/symm_nccl/nccl.h): Stage A is measured at the world
@@ -620,7 +653,7 @@ class FastPath:
                       logs=steps.tail("\n".join(logs) or "(none)", 2 * n),
                       diff=steps.tail(attempt.diff, self.config.history_diff_chars) or "(no change)")
         try:
-            c = self.llm.complete([{"role": "user", "content": user}], purpose=PURPOSES["judge"],
+            c = self.judge_llm.complete([{"role": "user", "content": user}], purpose=PURPOSES["judge"],
                                   temperature=0.0, max_tokens=self.config.max_tokens)
         except LLMError as exc:
             return f"(no diagnosis: the judge call failed: {exc})"
@@ -632,7 +665,8 @@ class FastPath:
             self.events.publish("log", self.run_id, message=message, level=level, source="fastpath")
 
     def _parent_program(self, stage: str) -> int | None:
-        order = {"A": ["seed"], "B": ["A", "seed"], "annotate": ["B", "A", "seed"]}[stage]
+        order = {"A": ["seed"], "B": ["A", "seed"], "single": ["seed"], "annotate": ["B", "single", "A", "seed"]}[
+            stage]
         return next((self._program_ids[k] for k in order if k in self._program_ids), None)
 
     def _store_proposal(self, attempt: Attempt) -> None:

@@ -17,10 +17,10 @@ from cuco_kit.llm.client import (
 )
 from cuco_kit.llm.ledger import Ledger, LedgeredClient, LedgerEntry
 from cuco_kit.llm.openai_client import LLMConfig, OpenAICompatibleClient
-from cuco_kit.llm.replay import RecordingClient, ReplayClient
+from cuco_kit.llm.replay import CallLog, RecordingClient, ReplayClient
 
 __all__ = [
-    "Completion", "LLMBudgetExceeded", "LLMClient", "LLMConfig", "LLMError", "LLMReplayMiss",
+    "CallLog", "Completion", "LLMBudgetExceeded", "LLMClient", "LLMConfig", "LLMError", "LLMReplayMiss",
     "LLMRequestRejected", "LLMTruncated", "LLMUnavailable", "Ledger", "LedgerEntry", "LedgeredClient",
     "OpenAICompatibleClient", "RecordingClient", "ReplayClient", "request_hash",
 ]

@@ -1,6 +1,7 @@
 """`SearchConfig`: every knob of the search in one JSON-serialisable dataclass with defaults that work."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -42,6 +43,9 @@ class SearchConfig:
     meta: MetaConfig = field(default_factory=MetaConfig)
     design_space: DesignSpaceConfig = field(default_factory=DesignSpaceConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)  # per-role models (empty: the one client given)
+    # Stop once a program's speed-up over the seed beats this ratio with its 95% interval clear of it (the
+    # interval's lower bound above it; search/target.py). None: no target.
+    target_ratio: float | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "symm"):
@@ -52,6 +56,11 @@ class SearchConfig:
             raise BadInput("proposals_per_generation, slots and max_empty_generations must be >= 1")
         if self.gate not in ("auto", "manual"):
             raise BadInput(f"gate {self.gate!r} is not one of auto, manual")
+        if self.target_ratio is not None and not (isinstance(self.target_ratio, (int, float))
+                                                  and not isinstance(self.target_ratio, bool)
+                                                  and math.isfinite(self.target_ratio) and self.target_ratio > 0):
+            raise BadInput(f"target_ratio must be a speed-up over the seed (a number > 0, e.g. 1.2), got "
+                           f"{self.target_ratio!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,8 +7,9 @@ spreads them). Proposals are de-duplicated by code hash, filtered for novelty, s
 approval gate; approved ones become programs (stored before any is evaluated), then the executor evaluates
 them, and the generation ends with migration, phase switching and, now and then, the meta-summary.
 
-When a search ends: a budget is spent (generations, wall time, evaluations, LLM dollars), ``stop()`` is called, or
-it has nothing new to propose. A round of design-space slots only that finds no knob setting the run has not tried
+When a search ends: a budget is spent (generations, wall time, evaluations, LLM dollars), ``stop()`` is called, a
+program beats ``SearchConfig.target_ratio`` with its interval clear of it (search/target.py), or it has nothing new
+to propose. A round of design-space slots only that finds no knob setting the run has not tried
 ends it at once ("design space exhausted": for a space of up to ``DesignSpaceConfig.enumerable_points`` points the
 source walks the untried points when its sampler finds none, so it answers nothing only when none is left); rounds
 with LLM slots end it after ``SearchConfig.max_empty_generations`` in a row brought nothing new. A person's
@@ -58,7 +59,7 @@ from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
 from cuco_kit.search import islands as islands_mod
-from cuco_kit.search import repair
+from cuco_kit.search import repair, target
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
 from cuco_kit.search.config import SearchConfig
@@ -444,7 +445,7 @@ class SearchEngine:
             self._hold_if_paused()
             if self._stop.is_set():
                 continue
-            hard = self.budget.hard_stop()
+            hard = self.budget.hard_stop() or target.reached(self.population, cfg.target_ratio)
             if hard:
                 return self._finish("finished", hard)
             self._collect_human()
