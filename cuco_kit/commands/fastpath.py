@@ -137,11 +137,14 @@ def run(args: argparse.Namespace) -> int:
             store.close()
     if args.out and res.ok:
         Path(args.out).write_text(res.code, encoding="utf-8")
+    # A replay that could not answer a call (a stage's or the judge's) fails the run: it is not the recorded one.
+    miss = replay_miss(calls)
     if args.json:
         print(json.dumps(res.to_dict(), indent=2))
+        if miss is not None:
+            print(f"cuco fastpath: {clean(miss)}", file=sys.stderr)
     else:
         _print_summary(res)
-        miss = replay_miss(calls)
         if miss is not None:
             print(f"cuco fastpath: {clean(miss)}", file=sys.stderr)
         elif res.status == "llm_error":
@@ -150,4 +153,4 @@ def run(args: argparse.Namespace) -> int:
                               if refused else LLM_HINT), file=sys.stderr)
         if not gpu:
             print(f"note: {NO_GPU}", file=sys.stderr)
-    return 0 if res.ok else 1
+    return 0 if res.ok and miss is None else 1

@@ -86,9 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", type=float, default=None, metavar="RATIO",
                         help="stop once a program is faster than the seed by this ratio (e.g. 1.2) with its 95%% "
                              "interval clear of it (the interval's lower bound above RATIO)")
-    parser.add_argument("--from", dest="from_result", metavar="RESULT.cu",
-                        help="start from a fast-path result (its frozen bytes are the L0 parent, its knob block the "
-                             "design space) instead of the workload's baseline")
+    parser.add_argument("--from", dest="from_result", metavar="RESULT.cu", action="append", default=[],
+                        help="start from this program (a fast-path result: its frozen bytes are the L0 parent, its "
+                             "knob block the design space) instead of the workload's baseline; repeat it to start "
+                             "from several: the first is the root, each further one is evaluated at generation 0 "
+                             "on an island of its own in turn")
     add_llm_arguments(parser, scope="run")
     add_recording_arguments(parser)
     add_model_arguments(parser)
@@ -118,8 +120,10 @@ def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
     the --size overrides."""
     params = parse_overrides(args.size)
     wl.check(params, args.ranks)
-    if getattr(args, "from_result", None):
-        read_start(args.from_result, "--from", FROM_HINT)  # now, before --db exists; start_from reads it again
+    starts = _starts(args)
+    if starts:
+        for path in starts:  # now, before --db exists; the engine reads them again
+            read_start(path, "--from", FROM_HINT)
     else:
         start = read_baseline(wl)
         if args.mutator == "offline" and not markers.knobs(start):
@@ -128,6 +132,12 @@ def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
     if args.backend in wl.seeds:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
     return params
+
+
+def _starts(args: argparse.Namespace) -> list[str]:
+    """The --from files in order (none: the workload's baseline is the root)."""
+    given = getattr(args, "from_result", None) or []
+    return [given] if isinstance(given, str) else list(given)
 
 
 def _recorded(wl: Workload) -> list[RecordedConfig]:
@@ -276,11 +286,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             close_evaluator(evaluator)
         raise
-    start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
+    starts = _starts(args)
+    start = start_from(starts[0], store) if starts else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models,
-                          target_ratio=getattr(args, "target", None))
+                          target_ratio=getattr(args, "target", None), initial_programs=[str(p) for p in starts[1:]])
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}

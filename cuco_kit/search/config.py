@@ -46,6 +46,9 @@ class SearchConfig:
     # Stop once a program's speed-up over the seed beats this ratio with its 95% interval clear of it (the
     # interval's lower bound above it; search/target.py). None: no target.
     target_ratio: float | None = None
+    # More programs to start from (files, each checked like a --from result): evaluated at generation 0 next to
+    # the baseline root, the i-th on island (i + 1) % islands, so islands start from different programs.
+    initial_programs: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "symm"):

@@ -79,7 +79,7 @@ from cuco_kit.search.proposal import (
     RepairsBuilds,
 )
 from cuco_kit.search.selection import SelectionConfig, select_parent
-from cuco_kit.search.start_point import StartPoint, add_lineage, read_baseline
+from cuco_kit.search.start_point import INITIAL_TAG, StartPoint, add_lineage, read_baseline, read_initial
 from cuco_kit.store import Store, code_hash
 from cuco_kit.workload import load_workload
 
@@ -177,6 +177,7 @@ class SearchEngine:
         self._thread: threading.Thread | None = None
         self._setup_done = False
         self._baseline_code = ""  # the baseline root's code, read and checked at set-up
+        self._initial_codes: list[str] = []  # the further starting programs' code (config.initial_programs)
         self._owner = False  # this engine holds the store's owner lock
         self._gen_done = 0
         self._migrations: list[dict] = []
@@ -305,6 +306,7 @@ class SearchEngine:
         self.workload = load_workload(self.workload_dir)
         # Checked like a --from file before anything is stored or evaluated (start_from checked that one).
         self._baseline_code = read_baseline(self.workload) if self.start_point is None else self.start_point.code
+        self._initial_codes = [read_initial(path) for path in cfg.initial_programs]
         if not self._owner:
             self.store.acquire_owner("search")  # before reading what to resume: it must not change under us
             self._owner = True
@@ -324,6 +326,7 @@ class SearchEngine:
         self._budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
         if not self.population.roots():
             self._add_roots()
+        self._add_initial_programs()
         self._restore_pending()
         self._setup_done = True
 
@@ -343,7 +346,8 @@ class SearchEngine:
                 c = run["config"]
                 if run["workload"] == self.workload.name and c.get("backend") == cfg.backend \
                         and c.get("world_size") == cfg.world_size and c.get("seed") == cfg.seed \
-                        and c.get("start_from") == start_sha:
+                        and c.get("start_from") == start_sha \
+                        and c.get("initial_programs", []) == cfg.initial_programs:
                     self._log(f"resuming run {run['id']} of {self.workload.name} from {self.store.path}")
                     return int(run["id"])
         return self.store.create_run(workload=self.workload.name,
@@ -415,6 +419,22 @@ class SearchEngine:
                                          source=source, name=name,
                                          rationale=f"the workload's {name}", tags=[source], knobs=knobs, cell=cell,
                                          island=0, generation=0)
+            self.population.add_row(self.store.program(pid))
+            self._ready.append(pid)
+
+    def _add_initial_programs(self) -> None:
+        """The user's further starting programs (SearchConfig.initial_programs) at generation 0, one island each
+        in turn after the baseline's; a program already in the run (a kill came between two) is not added again."""
+        cfg = self.config
+        for i, (path, code) in enumerate(zip(cfg.initial_programs, self._initial_codes, strict=True)):
+            if self.store.find_program_by_hash(self._rid, code_hash(code)) is not None:
+                continue
+            knobs, cell = cell_of(code, cfg.backend, cfg.cell_features)
+            name = Path(path).name
+            pid = self.store.add_program(run_id=self._rid, code=code, parent_id=None, source="human",
+                                         name=f"initial program ({name})", rationale=f"a starting program: {name}",
+                                         tags=[INITIAL_TAG], knobs=knobs, cell=cell,
+                                         island=(i + 1) % cfg.islands.islands, generation=0)
             self.population.add_row(self.store.program(pid))
             self._ready.append(pid)
 

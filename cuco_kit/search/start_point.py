@@ -98,6 +98,15 @@ def read_start(path: str | Path, what: str, hint: str) -> str:
     return code
 
 
+INITIAL_TAG = "initial"  # tag of the further programs a search starts from (SearchConfig.initial_programs)
+
+
+def read_initial(path: str | Path) -> str:
+    """The code of one of the further programs a search starts from (`cuco search --from A.cu --from B.cu`: B),
+    checked like a ``--from`` file."""
+    return read_start(path, "--from", FROM_HINT)
+
+
 def start_from(path: str | Path, store: Store | None = None) -> StartPoint:
     """The start point of a search from a fast-path result file (`read_start` checks it)."""
     code = read_start(path, "--from", FROM_HINT)

@@ -194,3 +194,31 @@ def test_a_refused_call_is_recorded_and_replayed_as_the_same_refusal(tmp_path: P
     assert replay.complete(msgs, purpose="search.mutate.diff").text == DIFF
     with pytest.raises(LLMRequestRejected, match=r"\(replayed\).*fixture script exhausted"):
         replay.complete(msgs + [{"role": "user", "content": "again"}], purpose="search.mutate.diff")
+
+
+def test_a_fastpath_replay_whose_judge_call_was_not_recorded_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The stages' answers are in the recording but the judge's diagnosis is not. The retry's prompt carries the
+    diagnosis, so it misses too; the one line names the first call the recording could not answer, the judge's."""
+    _no_compile_builds(monkeypatch)
+    bad_a = "Here is the rewritten file.\n\n```cuda\n__global__ void k() {}\n```\n"  # fails L0: no ABI entry points
+    script = [answer("stage-a-bad", bad_a), answer("stage-a", _fixture_answer("gemm_stage_a.cu")),
+              answer("stage-b", _fixture_answer("gemm_stage_b_lsa.cu")),
+              answer("annotate", _fixture_answer("gemm_annotated.cu")),
+              answer("judge", "The file lost the ABI entry points and the host all-gather; start from the seed.",
+                     match="Diagnose the failure")]
+    seed = str(FASTPATH_WORKLOAD / "seed_nccl.cu")
+    calls = tmp_path / "calls"
+    with FakeOpenAIServer(script) as srv:
+        point_at(monkeypatch, srv)
+        assert main(["fastpath", seed, "--record", str(calls), "--max-attempts", "2"]) == 0
+    lines = (calls / RECORDING_FILE).read_text().splitlines()
+    judge = [ln for ln in lines if json.loads(ln)["purpose"] == "fastpath.judge"]
+    assert len(judge) == 1
+    (calls / RECORDING_FILE).write_text("\n".join(ln for ln in lines if ln not in judge) + "\n")
+    capsys.readouterr()
+    assert main(["fastpath", seed, "--replay", str(calls), "--max-attempts", "2"]) == 1
+    out, err = capsys.readouterr()
+    assert "fast path: llm_error" in out
+    lines_err = [ln for ln in err.splitlines() if ln.startswith("cuco fastpath:")]
+    assert len(lines_err) == 1 and "call 'fastpath.judge'" in lines_err[0]
