@@ -1,4 +1,4 @@
-"""Merge several GPU runs of one sample's benchmark into benchmarks/<sample>/results.json and RESULTS.md.
+"""Merge several GPU runs of one sample's benchmark into its results JSON and benchmarks/<sample>/RESULTS.md.
 
   python3 benchmarks/merge_runs.py SAMPLE RUN.json[=NOTE] [RUN.json[=NOTE] ...]
 
@@ -6,7 +6,11 @@ One time-limited run on a GPU machine rarely holds a whole sample, so the rows c
 supersede earlier rows of the same (phase, name, world, preset): the superseded rows stay in the JSON under
 "superseded", with the note of the run that replaced them, and the table lists them, so a failure fixed later is
 never silently dropped. The table is the sample's own `make_table`. A RUN.json may itself be an earlier merge (a
-sample's results.json, copied aside first since it is rewritten): its runs, notes and superseded rows carry over.
+sample's results JSON, copied aside first since it is rewritten): its runs, notes and superseded rows carry over.
+
+The results JSON is benchmarks/<sample>/results.json, or, for a sample whose results the notebooks replay (the
+recordings' MANIFEST.json lists recordings/<sample>-results.json as a benchmark), that recording, whose manifest
+entry is then written again.
 """
 from __future__ import annotations
 
@@ -22,9 +26,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from cuco_kit.evaluate.manifest import listed, record
 from cuco_kit.workload import load_workload
 
 HERE = Path(__file__).resolve().parent
+RECORDINGS = HERE.parent / "recordings"
+
+
+def results_path(sample: str, recordings: Path = RECORDINGS) -> Path:
+    """Where a sample's merged results go: its recording when the manifest lists one, else beside its script."""
+    replayed = [p for p in listed(recordings, "benchmark", sample) if p.name == f"{sample}-results.json"]
+    return replayed[0] if replayed else HERE / sample / "results.json"
 
 
 def key(row: dict[str, Any]) -> tuple:
@@ -114,11 +126,13 @@ def main(argv: list[str]) -> int:
             print(f"merge_runs: cannot read {path}: {exc}")
             return 2
     merged = merge(runs)
-    out = HERE / sample
-    (out / "results.json").write_text(json.dumps(merged, indent=1, default=str))
+    out, results = HERE / sample, results_path(sample)
+    results.write_text(json.dumps(merged, indent=1, default=str))
+    if results.parent == RECORDINGS:
+        record(RECORDINGS, results.name, "benchmark", workload=sample, written_by="benchmarks/merge_runs.py")
     (out / "RESULTS.md").write_text(table(sample, merged))
-    print(f"wrote {out / 'results.json'} ({len(merged['rows'])} rows, {len(merged['superseded'])} superseded) "
-          f"and RESULTS.md")
+    print(f"wrote {results} ({len(merged['rows'])} rows, {len(merged['superseded'])} superseded) "
+          f"and {out / 'RESULTS.md'}")
     return 0
 
 

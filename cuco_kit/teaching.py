@@ -1,6 +1,7 @@
 """The teaching notebook's material: the overlap model (formulas, not measurements), the workload's own counts,
-and the measured benchmark JSON committed under benchmarks/. That JSON is read from the repository found by
-`workbench.repo_root()`, so these readers need a checkout, not only an installed kit.
+and the measured benchmark JSON and kernel timelines the recordings folder's MANIFEST.json lists
+(`workbench.recordings_dir()`: the repository's recordings/), so these readers need a checkout, not only an
+installed kit.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
-from cuco_kit.workbench import repo_root
+from cuco_kit.evaluate.manifest import Kind, listed
+from cuco_kit.workbench import recordings_dir
 from cuco_kit.workload import load_workload
 
 
@@ -68,10 +70,15 @@ def workload_counts(workload_dir: str | Path, params: dict[str, int] | None = No
     return pd.DataFrame(rows)
 
 
-def load_benchmarks(pattern: str = "benchmarks/gemm_allgather/*.json") -> list[tuple[Path, Any]]:
-    """Every committed benchmark JSON matching `pattern` (relative to the repository), parsed; [] when none."""
+def load_benchmarks(workload: str | None = "gemm_allgather", kind: Kind = "benchmark") -> list[tuple[Path, Any]]:
+    """Every recorded JSON of `kind` of `workload` (None: any workload) the manifest lists, parsed; [] when
+    none."""
+    return _load(listed(recordings_dir(), kind, workload))
+
+
+def _load(paths: Iterable[Path]) -> list[tuple[Path, Any]]:
     out = []
-    for p in sorted(repo_root().glob(pattern)):
+    for p in paths:
         try:
             out.append((p, json.loads(p.read_text(encoding="utf-8"))))
         except (OSError, ValueError) as exc:
@@ -107,11 +114,12 @@ def benchmark_frame(items: list[tuple[Path, Any]]) -> Any:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def recorded_timelines(pattern: str = "benchmarks/**/timeline*.json") -> list[dict[str, Any]]:
-    """Committed measured kernel timelines: dicts with "events" ({rank, stream, name, start_us, dur_us}) and,
-    when recorded, "badge" and "detail" (GPU, date). [] when none is committed."""
+def recorded_timelines(workload: str | None = None) -> list[dict[str, Any]]:
+    """Recorded measured kernel timelines (the manifest's "timeline" entries, of `workload` when given): dicts with
+    "events" ({rank, stream, name, start_us, dur_us}) and, when recorded, "badge" and "detail" (GPU, date). []
+    when none is recorded."""
     out = []
-    for path, data in load_benchmarks(pattern):
+    for path, data in _load(listed(recordings_dir(), "timeline", workload)):
         if isinstance(data, list):
             data = {"events": data}
         if isinstance(data, dict) and isinstance(data.get("events"), list):

@@ -41,6 +41,7 @@ from cuco_kit.workload import load_workload
 EVALUATOR_ENV = "CUCO_EVALUATOR"  # force "gpu", "replay" or "simulated"
 ROOT_ENV = "CUCO_REPO_ROOT"
 RECORDINGS_ENV = "CUCO_RECORDINGS"
+RECORDINGS_DIR = "recordings"  # the repository's folder of the data the notebooks replay
 MAIN_SAMPLE = "gemm_allgather"
 # The fast path's recorded answers on the main sample (cuco_kit.llm.fixtures), by the fake server's entry name.
 FASTPATH_FIXTURES = (("stage-a", "gemm_stage_a.cu"), ("stage-b", "gemm_stage_b_lsa.cu"),
@@ -108,11 +109,11 @@ def run_db(name: str) -> Path:
 # ---- the recorded real runs ----------------------------------------------------------------------------------
 
 def recordings_dir() -> Path:
-    """Where the recorded real runs are: $CUCO_RECORDINGS when set, else the repository's benchmarks/search/
-    (where benchmarks/search/run.py commits them). The one place recordings are looked for."""
+    """Where the recorded real runs are: $CUCO_RECORDINGS when set, else the repository's recordings/ (where the
+    recording scripts commit them, each listed in its MANIFEST.json). The one place recordings are looked for."""
     if os.environ.get(RECORDINGS_ENV):
         return Path(os.environ[RECORDINGS_ENV]).expanduser()
-    return repo_root() / "benchmarks" / "search"
+    return repo_root() / RECORDINGS_DIR
 
 
 @dataclass
@@ -139,7 +140,7 @@ def recorded_runs(directory: Path | None = None) -> list[Path]:
 
 def recorded_searches(workload: str = MAIN_SAMPLE) -> list[Path]:
     """The recorded searches of `workload`, found by name (`<workload>-<backend><ranks>-search-*`, written by
-    benchmarks/search/run.py); the recordings whose name starts with the workload when none is named so; all
+    the search recording script); the recordings whose name starts with the workload when none is named so; all
     recordings when none does. Newest name last."""
     paths = recorded_runs()
     for pick in ([p for p in paths if p.name.startswith(f"{workload}-") and "-search-" in p.name],

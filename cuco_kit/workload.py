@@ -137,14 +137,20 @@ class Workload:
     check_presets: tuple[str, ...] = ("small",)
 
     def __post_init__(self) -> None:
-        if not self.seeds:
-            self.seeds = {b: f for b, f in SEED_FILES.items() if (self.directory / f).is_file()}
-        if self.baseline is None and (self.directory / BASELINE_FILE).is_file():
-            self.baseline = BASELINE_FILE
+        if self.directory is not None:  # None until load_workload sets it (it applies the convention then)
+            self.find_sources()
         if self.timing not in TIMINGS:
             raise BadInput(f"workload {self.name}: timing {self.timing!r}; use one of {', '.join(TIMINGS)}")
         if self.oracle not in ORACLES:
             raise BadInput(f"workload {self.name}: oracle {self.oracle!r}; use one of {', '.join(ORACLES)}")
+
+    def find_sources(self) -> None:
+        """The file-name convention: seeds and baseline the workload does not name are SEED_FILES and
+        BASELINE_FILE, those of them its folder has."""
+        if not self.seeds:
+            self.seeds = {b: f for b, f in SEED_FILES.items() if (self.directory / f).is_file()}
+        if self.baseline is None and (self.directory / BASELINE_FILE).is_file():
+            self.baseline = BASELINE_FILE
 
     def resolve(self, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
         """Default parameters with overrides applied; unknown names are an error, not silently ignored."""
@@ -228,6 +234,7 @@ def load_workload(directory: str | Path) -> Workload:
     if not isinstance(wl, Workload):
         raise BadInput(f"{f}: defines no WORKLOAD = Workload(...)")
     wl.directory = d.resolve()
+    wl.find_sources()
     return wl
 
 

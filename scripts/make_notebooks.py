@@ -53,7 +53,7 @@ Where the numbers come from is always on screen, as a badge on every view:
 
 * **real**: measured now, on this machine's GPU;
 * **replayed (GPU, date)**: measured on a GPU earlier and shown from a recording committed under
-  `benchmarks/search/` (every run read back from its database shows this way);
+  `recordings/` (every run read back from its database shows this way);
 * **SIMULATED**: a made-up landscape, used only while no recorded run exists yet. It demonstrates the flow and
   says nothing about any kernel;
 * **FIXTURE**: a recorded LLM answer standing in for a live model; **MODEL**: a formula, not a measurement.
@@ -101,7 +101,7 @@ if recorded is not None:
                    f"{recorded.detail} ({recorded.path.name}); nothing runs now", "replayed"))
     run_id = recorded.run_id
 else:
-    display(banner("No recorded real run exists yet under benchmarks/search/. Below is a SIMULATED demo "
+    display(banner("No recorded real run exists yet under recordings/. Below is a SIMULATED demo "
                    "search: made-up numbers from a synthetic landscape, not measurements.", "simulated"))
     demo = wb.simulated_evaluator()
     engine, store = wb.new_search(SAMPLE, demo.evaluator, db=wb.run_db("00_quickstart"), gate="auto",
@@ -377,7 +377,7 @@ if timelines:
     t = timelines[-1]
     display(TimelineView(t["events"], badge=t.get("badge", "real"), detail=t.get("detail", "")))
 else:
-    print("No measured kernel timeline is committed yet (benchmarks/**/timeline*.json); on a GPU machine the "
+    print("No measured kernel timeline is recorded yet (recordings/MANIFEST.json lists none); on a GPU machine the "
           "evaluator records one. Below: the model schedule, not a measurement.")
     display(TimelineView(teaching.model_schedule(compute=1.0, comm=1.0, chunks=4, ranks=2), badge="model",
                          detail="formula schedule, not measured"))
@@ -400,7 +400,7 @@ ANALYSIS = [
 
 This notebook **shows** how to read a finished search: which program won and by how much, what its knobs
 changed, the best latency per design-space cell, and what failed, at which level and why (log tails included).
-It opens the recorded real run committed under `benchmarks/search/`; while none exists it runs a small
+It opens the recorded real run committed under `recordings/`; while none exists it runs a small
 SIMULATED search first and says so. Every table comes from `cuco_kit.report`, so the same analysis works on
 any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
 """),
@@ -476,7 +476,7 @@ as that chunk has landed, and the two overlap: the step approaches *max(compute,
 can at most halve the time, and it pays most when the two are about equal.
 
 First the model (formulas, no measurements), then the workload's own counts, then the measured numbers
-committed under `benchmarks/gemm_allgather/` when they exist.
+recorded under `recordings/` (its `MANIFEST.json` lists them) when they exist.
 """),
     code(SETUP + """
 import pandas as pd
@@ -526,16 +526,16 @@ Move the **chunks** slider: the model (left) and the measured variants of the de
 (right, one line per placement, for the size and world size picked in **measured**) mark that chunk count.
 """),
     code("""
-measured = teaching.load_benchmarks("benchmarks/gemm_allgather/*.json")
+measured = teaching.load_benchmarks("gemm_allgather")
 if measured:
     table = teaching.benchmark_frame(measured)
     gpu, date = table["provenance.gpu"].dropna(), table["provenance.date"].dropna()
     detail = ", ".join(x for x in (gpu.iloc[0] if len(gpu) else "", str(date.max())[:10] if len(date) else "") if x)
-    display(banner(f"{len(table)} measured rows from {len(measured)} file(s) in benchmarks/gemm_allgather/, "
+    display(banner(f"{len(table)} measured rows from {len(measured)} recorded file(s), "
                    f"measured on {detail}", "replayed"))
     display(ChunkExplorer(table, badge="replayed", detail=detail))
 else:
-    print("No measured GEMM + AllGather benchmark is committed yet (benchmarks/gemm_allgather/*.json).\\n"
+    print("No measured GEMM + AllGather benchmark is recorded yet (recordings/MANIFEST.json lists none).\\n"
           "When it is, this cell shows, per size and world size, cuBLAS alone, the host-NCCL seed, the copy-engine "
           "seed and every knob setting of the device-initiated baseline, with the GPU, driver, NCCL and date; "
           "compare them with the model above. Nothing here invents those numbers.")

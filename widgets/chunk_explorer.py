@@ -55,8 +55,8 @@ class ChunkExplorer(W.VBox):
         self.summary = W.HTML()
         for w in (self.config, self.chunks, self.ratio):
             w.observe(lambda _: self.redraw(), names="value")
-        empty = "" if configs else ("<i>no measured chunk variants are committed "
-                                    "(benchmarks/gemm_allgather/results.json); only the model is drawn</i>")
+        empty = "" if configs else ("<i>no measured chunk variants are recorded (recordings/MANIFEST.json lists "
+                                    "no benchmark of this workload); only the model is drawn</i>")
         super().__init__([
             W.HBox([self.chunks, self.ratio, self.config]),
             W.HBox([W.VBox([W.HTML(badge_html("model", "formula")), self.model_fig]),

@@ -9,7 +9,7 @@ does the same with its own evaluator.
 
 1. Configurations: for every sample with a committed benchmark table (benchmarks/<sample>/results.json), each
    (size preset, world size, backend) its rows measured, the programs the widgets offer (the seeds and the
-   baseline, `workload.seeds` + `workload.baseline`) are evaluated into benchmarks/search/<sample>-configs.sqlite,
+   baseline, `workload.seeds` + `workload.baseline`) are evaluated into recordings/<sample>-configs.sqlite,
    one run per configuration (its config says preset, world size, backend and sizes). The main sample goes
    first; a configuration whose estimated time no longer fits the budget is skipped and listed.
 2. Failures: gemm_allgather-symm2-failures.sqlite, a short design-space search at 2 ranks under symm at the
@@ -41,6 +41,7 @@ os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the laun
 
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+from cuco_kit.evaluate.manifest import record
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
 from cuco_kit.search.budget import BudgetConfig
@@ -48,10 +49,10 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.store import Store
-from cuco_kit.workload import load_workload
+from cuco_kit.workload import load_workload, sample_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
-DEST_REL = Path("benchmarks") / "search"
+DEST_REL = Path("recordings")  # what the notebooks replay; each store is listed in its MANIFEST.json
 MAIN = "gemm_allgather"
 FIRST_CONFIG_ESTIMATE_S = 8.0  # world start + 3 evaluations, before anything is measured
 SAFETY = 1.3  # a configuration starts only when SAFETY x its estimate fits before the deadline
@@ -81,11 +82,14 @@ class Config:
 
 def plan(root: Path = ROOT) -> list[Config]:
     """The configurations the committed benchmark tables measured, main sample first, then by sample, world
-    size, backend and preset."""
+    size, backend and preset. A sample's table is its recording (recordings/<sample>-results.json, what the
+    notebooks replay) or the one beside its benchmark script."""
     out: set[Config] = set()
-    for results in sorted((root / "benchmarks").glob("*/results.json")):
-        sample = results.parent.name
-        if not (root / "sample_kernels" / sample / "workload.py").is_file():
+    for d in sample_workloads(root):
+        sample = d.name
+        tables = [root / DEST_REL / f"{sample}-results.json", root / "benchmarks" / sample / "results.json"]
+        results = next((t for t in tables if t.is_file()), None)
+        if results is None:
             continue
         rows = json.loads(results.read_text(encoding="utf-8")).get("rows") or []
         for r in rows:
@@ -243,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         close = getattr(evaluator, "close", None)
         if callable(close):
             close()
+    for name in [*configs["stores"], *([failures["store"]] if failures.get("store") else [])]:
+        if (dest / name).is_file():
+            record(dest, name, "search", written_by="benchmarks/search/record_configs.py")
     summary = {"configs": configs, "failures": failures, "dest": str(dest), "dry_run": args.dry_run}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@
    defaults) for each backend used, plus the seeds, on a thread pool sharing the evaluator's build cache:
    count, seconds, cache hits.
 2. Warms the rank workers of each world (seed + baseline, not recorded) and measures the per-evaluation time.
-3. Real offline searches with the GpuEvaluator, each into its own store benchmarks/search/<name>.sqlite:
+3. Real offline searches with the GpuEvaluator, each into its own store recordings/<name>.sqlite:
    (a) 4 ranks under symm (+ MPS): for each of 3 seeds the design-space search (Optuna over the knob block) and
        RANDOM sampling of the same knob space (RandomKnobSource) at the same evaluation budget, interleaved;
    (b) world size 1 under nccl: one seed of the design-space search.
@@ -17,8 +17,9 @@
 4. Reports best-vs-seed ratio, evaluations per GPU-hour, build cache hit rate, per-method per-seed best ms and
    which placements won; search vs random is compared on the first N candidates of each (N = the smaller
    count), so the budgets are equal even when a run was stopped early.
-Writes the raw JSON to --out, results.json + RESULTS.md + the stores to benchmarks/search/ (a temp dir with
---dry-run), and the same files as one tarball under --out (a remote runner may copy back only --out); prints
+Writes the raw JSON to --out, results.json + RESULTS.md to benchmarks/search/ and the stores to recordings/, each
+listed in recordings/MANIFEST.json (a temp tree of the same layout with --dry-run), and the same files as one
+tarball under --out (a remote runner may copy back only --out); prints
 the table last. Exit code 0 only when every check held (every planned run done, >= --candidates evaluated
 candidates each, >= 2 placements evaluated each, the stores load through the replay evaluator and
 workbench.recorded_runs finds them).
@@ -59,6 +60,7 @@ from cuco_kit.evaluate import build as build_mod
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
+from cuco_kit.evaluate.manifest import MANIFEST, record
 from cuco_kit.evaluate.pool import live_worker_pids
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
@@ -79,6 +81,8 @@ warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints
 
 WL_REL = "sample_kernels/gemm_allgather"
 DEST_REL = Path("benchmarks") / "search"
+# The stores are what the notebooks replay: they go to recordings/, each listed in its MANIFEST.json.
+STORES_REL = Path("recordings")
 RESERVE_S = 25.0  # kept back at the end: closing the workers and MPS, compaction, replay check, report
 PASS_LOG_CHARS = 800  # log tails kept for passing evaluations in the committed stores (failures keep theirs)
 
@@ -500,6 +504,8 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out) if args.out else ROOT / DEST_REL / "out"
     dest = tree / DEST_REL
     dest.mkdir(parents=True, exist_ok=True)
+    stores = tree / STORES_REL
+    stores.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 
     wl = load_workload(WL_REL)
@@ -528,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
         evaluator = GpuEvaluator(ecfg)
         cache_dir, build_cfg = ecfg.cache_dir, ecfg.build
     badge = getattr(evaluator, "badge", "real")
-    print(f"evaluator: {type(evaluator).__name__} [{badge}]; files -> {dest}; raw JSON -> {out}", flush=True)
+    print(f"evaluator: {type(evaluator).__name__} [{badge}]; files -> {dest}, stores -> {stores}; raw JSON -> {out}",
+          flush=True)
 
     skipped: list[str] = []
     runs: list[dict[str, Any]] = []
@@ -573,9 +580,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.configs_budget_s > 0:
             cfg_deadline = min(deadline - RESERVE_S, time.monotonic() + args.configs_budget_s)
             print(f"recording benchmark configurations ({args.configs_budget_s:g} s) ...", flush=True)
-            recorded_configs = record_configs(evaluator, dest, cfg_deadline - 30.0, iters=args.iters,
+            recorded_configs = record_configs(evaluator, stores, cfg_deadline - 30.0, iters=args.iters,
                                               trials=args.trials)
-            recorded_failures = record_failures(evaluator, dest, cfg_deadline, iters=args.iters)
+            recorded_failures = record_failures(evaluator, stores, cfg_deadline, iters=args.iters)
             skipped += [f"config {c} (budget)" for c in recorded_configs["skipped"]]
             print(f"configurations: {len(recorded_configs['configs'])} recorded in {recorded_configs['seconds']} s, "
                   f"{len(recorded_configs['skipped'])} skipped; failures run: {recorded_failures}", flush=True)
@@ -637,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
                 cap = min(left, 1.5 * left / (len(plan) - done_runs))
                 print(f"run {done_runs + 1}/{len(plan)} {name}: wall cap {cap:.0f} s", flush=True)
                 res = run_search(name, method, seed, world_, backend_, params, evaluator, args, cap,
-                                 dest / f"{name}.sqlite")
+                                 stores / f"{name}.sqlite")
                 runs.append(res)
                 done_runs += 1
                 search_wall += res["wall_s"]
@@ -663,12 +670,14 @@ def main(argv: list[str] | None = None) -> int:
     store_checks = {}
     extra = [*recorded_configs["stores"], *([recorded_failures["store"]] if recorded_failures.get("store") else [])]
     # run stores are relative to the repository when they are in it
-    for p in [ROOT / r["store"] for r in runs] + [dest / name for name in extra]:
+    for p in [ROOT / r["store"] for r in runs] + [stores / name for name in extra]:
         if not p.exists():
             continue
         sizes = {} if args.no_compact else compact(p)
         store_checks[p.name] = {**sizes, "bytes": p.stat().st_size, "replay": check_replay(p)}
-    found = {Path(x).name for x in recorded_runs(dest)}
+        if p.parent.resolve() == stores.resolve():
+            record(stores, p.name, "search", written_by="benchmarks/search/run.py")
+    found = {Path(x).name for x in recorded_runs(stores)}
 
     # 5. numbers
     all_rows = [row for r in runs for row in r["rows"]]
@@ -739,14 +748,18 @@ def main(argv: list[str] | None = None) -> int:
     (dest / "results.json").write_text(json.dumps(summary, indent=1, default=str))
     table = make_table(result)
     (dest / "RESULTS.md").write_text(table)
-    # One tarball of what belongs in benchmarks/search/ (a remote runner may copy back only a few files of --out).
+    # One tarball of what belongs in benchmarks/search/ and recordings/ (a remote runner may copy back only a few
+    # files of --out).
     tar_path = out / "benchmarks_search.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
         for f in sorted(dest.iterdir()):
-            if f.is_file() and (f.suffix in (".sqlite", ".md") or f.name == "results.json"):
+            if f.is_file() and (f.suffix == ".md" or f.name == "results.json"):
                 tar.add(f, arcname=str(DEST_REL / f.name))
-    print(f"\nraw JSON {out / 'search_bench.json'}; stores, results.json, RESULTS.md in {dest}; tarball {tar_path} "
-          f"(extract at the repo root)")
+        for f in sorted(stores.iterdir()):
+            if f.is_file() and (f.suffix == ".sqlite" or f.name == MANIFEST):
+                tar.add(f, arcname=str(STORES_REL / f.name))
+    print(f"\nraw JSON {out / 'search_bench.json'}; results.json, RESULTS.md in {dest}; stores and {MANIFEST} in "
+          f"{stores}; tarball {tar_path} (extract at the repo root)")
     print(f"wall {meta['wall_s']} s; skipped: {skipped or 'nothing'}")
     print()
     print(table)

@@ -181,7 +181,7 @@ def _evaluator_spec(args: argparse.Namespace, workload_dir: Path, wl: Workload,
             raise BadInput(f"--evaluator replay: {miss_hint(recorded, wl.name, args.ranks, args.backend, want)}; "
                            f"e.g. `{_replay_command(wl, workload_dir, recorded[0])}`")
         raise BadInput(f"--evaluator replay: no recording of {wl.name} (set CUCO_REPLAY_DB to a replay database, "
-                       f"or record one with benchmarks/search/run.py); --evaluator simulated needs none")
+                       f"or record one on a GPU machine: recordings/README.md); --evaluator simulated needs none")
     if args.executor == "local" and not gpu_present():
         # Without a GPU the GPU evaluator measures nothing: every program would end "unavailable" at L1.
         raise BadInput(f"--evaluator gpu: this machine has no GPU (nvidia-smi lists none); "

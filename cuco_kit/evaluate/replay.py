@@ -41,7 +41,7 @@ class ReplayEvaluator:
         for p in paths:
             if not p.is_file():
                 raise BadInput(f"replay database {p} does not exist; point the replay evaluator at a recording "
-                               "(e.g. benchmarks/search/<workload>-*.sqlite)")
+                               "(e.g. recordings/<workload>-*.sqlite)")
         self.paths = [str(p) for p in paths]
         self.db_path = self.paths[0] if len(paths) == 1 else f"{len(paths)} recordings in {paths[0].parent}"
         self.accept_badges = accept_badges

@@ -15,7 +15,7 @@ evaluations run in parallel. Sampler seeds derive from the run's seed, the paren
 seeded run asks the same points again.
 
 ``RandomKnobSource`` samples the same space uniformly without repeats: the baseline the model-based search is
-compared against at equal evaluation budget (benchmarks/search).
+compared against at equal evaluation budget (the search benchmark, search_vs_random).
 """
 from __future__ import annotations
 

@@ -40,11 +40,14 @@ def rc() -> Any:
 def test_plan_covers_every_benchmark_table_main_sample_first(rc):
     planned = rc.plan()
     assert planned[0].sample == "gemm_allgather"
-    for results in (ROOT / "benchmarks").glob("*/results.json"):
-        if not (ROOT / "sample_kernels" / results.parent.name).is_dir():
+    tables = {p.parent.name: p for p in (ROOT / "benchmarks").glob("*/results.json")}
+    tables |= {p.name.removesuffix("-results.json"): p for p in (ROOT / "recordings").glob("*-results.json")}
+    assert "gemm_allgather" in tables
+    for sample, results in tables.items():
+        if not (ROOT / "sample_kernels" / sample).is_dir():
             continue  # not a sample's table (the search, executor and corpus benchmarks)
         rows = json.loads(results.read_text())["rows"]
-        want = {(results.parent.name, str(r["preset"]), int(r["world"]), str(r["backend"])) for r in rows}
+        want = {(sample, str(r["preset"]), int(r["world"]), str(r["backend"])) for r in rows}
         have = {(c.sample, c.preset, c.world, c.backend) for c in planned}
         assert want <= have, want - have
     assert [f for f, _, _ in rc.programs("gemm_allgather")] == ["device_lsa.cu", "seed_copy.cu", "seed_nccl.cu"]

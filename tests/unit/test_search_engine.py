@@ -19,6 +19,7 @@ from cuco_kit.search.islands import IslandConfig
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.synthetic import write_synthetic_workload
 from cuco_kit.store import Store
+from cuco_kit.workload import sample_workloads
 
 
 @pytest.fixture(scope="module")
@@ -179,17 +180,7 @@ def test_llm_dollar_budget_counts_evaluation_side_calls(workload: Path) -> None:
     assert {"search.mutate.diff", "judge"} <= purposes
 
 
-def _sample_workloads() -> list[Path]:
-    root = Path(__file__).resolve().parents[2] / "sample_kernels"
-    out = []
-    for d in sorted(root.glob("*/workload.py")):
-        text = d.read_text()
-        if "baseline=" in text:
-            out.append(d.parent)
-    return out
-
-
-@pytest.mark.parametrize("sample", _sample_workloads(), ids=lambda p: p.name)
+@pytest.mark.parametrize("sample", sample_workloads(Path(__file__).resolve().parents[2]), ids=lambda p: p.name)
 def test_offline_search_runs_on_the_real_sample_baselines(sample: Path) -> None:
     from cuco_kit.workload import load_workload
 

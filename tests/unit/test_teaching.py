@@ -9,6 +9,7 @@ import pytest
 
 from cuco_kit import teaching
 from cuco_kit.errors import BadInput
+from cuco_kit.evaluate import manifest
 
 
 def test_overlap_bound_is_at_most_two_and_grows_with_chunks():
@@ -37,21 +38,25 @@ def test_workload_counts_of_the_main_sample(repo_root: Path):
     assert per_rank == sorted(per_rank, reverse=True)  # more ranks, less compute each
 
 
-def test_benchmark_readers(tmp_path: Path, monkeypatch):
-    (tmp_path / "sample_kernels").mkdir()
-    bench = tmp_path / "benchmarks" / "gemm_allgather"
-    bench.mkdir(parents=True)
-    (bench / "a.json").write_text(json.dumps({"gpu": "H200", "results": [{"ms": 1.0}, {"ms": 2.0}]}))
-    (bench / "b.json").write_text(json.dumps([{"ms": 3.0}]))
-    (bench / "timeline-x.json").write_text(json.dumps({"events": [{"rank": 0}], "gpu": "H200", "date": "d"}))
-    monkeypatch.setenv("CUCO_REPO_ROOT", str(tmp_path))
+def test_benchmark_readers_read_what_the_manifest_lists(tmp_path: Path, monkeypatch):
+    rec = tmp_path / "recordings"
+    rec.mkdir()
+    (rec / "a.json").write_text(json.dumps({"gpu": "H200", "results": [{"ms": 1.0}, {"ms": 2.0}]}))
+    (rec / "b.json").write_text(json.dumps([{"ms": 3.0}]))
+    (rec / "other.json").write_text(json.dumps([{"ms": 9.0}]))  # another workload's
+    (rec / "unlisted.json").write_text(json.dumps([{"ms": 7.0}]))  # no manifest entry: never shown
+    (rec / "timeline-x.json").write_text(json.dumps({"events": [{"rank": 0}], "gpu": "H200", "date": "d"}))
+    for name, kind, workload in (("a.json", "benchmark", "gemm_allgather"), ("b.json", "benchmark", "gemm_allgather"),
+                                 ("other.json", "benchmark", "kv_transfer"), ("timeline-x.json", "timeline", None)):
+        manifest.record(rec, name, kind, workload=workload, written_by="test")
+    monkeypatch.setenv("CUCO_RECORDINGS", str(rec))
 
-    frame = teaching.benchmark_frame(teaching.load_benchmarks("benchmarks/gemm_allgather/[ab].json"))
+    frame = teaching.benchmark_frame(teaching.load_benchmarks("gemm_allgather"))
     assert list(frame["ms"]) == [1.0, 2.0, 3.0] and list(frame["gpu"].fillna("")) == ["H200", "H200", ""]
     assert list(frame["file"]) == ["a.json", "a.json", "b.json"]
     [tl] = teaching.recorded_timelines()
     assert tl["events"] == [{"rank": 0}] and tl["badge"] == "real" and tl["detail"] == "H200, d"
 
-    (bench / "bad.json").write_text("{")
-    with pytest.raises(BadInput, match="bad.json: not readable JSON"):
+    (rec / "b.json").write_text("{")
+    with pytest.raises(BadInput, match="b.json: not readable JSON"):
         teaching.load_benchmarks()

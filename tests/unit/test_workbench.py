@@ -38,7 +38,7 @@ def test_samples(repo_root: Path):
 
 def test_recordings_are_found_in_one_place(repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv(wb.RECORDINGS_ENV, raising=False)
-    assert wb.recordings_dir() == repo_root / "benchmarks" / "search"
+    assert wb.recordings_dir() == repo_root / "recordings"
     assert wb.recorded_runs() and all(p.parent == wb.recordings_dir() for p in wb.recorded_runs())
     (tmp_path / "deep").mkdir()
     for name in ("b.sqlite", "deep/a.db", "c.sqlite3", "notes.txt"):
