@@ -217,8 +217,13 @@ Every call is in the ledger: tokens, dollars (fixture answers cost nothing) and 
     code("""
 display(LedgerView(fp.store, fp.run_id))
 if stepper.done.is_set():
-    print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
-          ", ".join(b.name for b in markers.blocks(fp.current_code)))
+    if stepper.result is not None and stepper.result.ok:
+        print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
+              ", ".join(b.name for b in markers.blocks(fp.current_code)))
+    else:  # failed, or stopped by an error: say so, never a "final candidate" that is only the last input
+        print("no final candidate: the fast path",
+              f"{stepper.result.status}: {stepper.result.message}" if stepper.result is not None
+              else f"stopped: {stepper.error}")
     smoke.cleanup()
     fp.store.close()
     choice.close()
@@ -617,7 +622,7 @@ port = DraftReview(session, "port")
 port
 """),
     code("""
-if smoke.enabled():  # nobody reviews in CI: reject failing drafts with a note, approve the first that passes
+if smoke.auto_approve():  # nobody reviews in CI: reject failing drafts with a note, approve the first that passes
     port.auto("you dropped the gamma buffer: look every tensor of the plan up with cuco_tensor")
 """),
     md("""
@@ -631,7 +636,7 @@ reference = DraftReview(session, "reference")
 reference
 """),
     code("""
-if smoke.enabled():
+if smoke.auto_approve():
     reference.auto("compute in float64 and return one flat tensor per rank")
 """),
     md("""
@@ -639,11 +644,16 @@ if smoke.enabled():
 
 The reference runs on the CPU, its shapes agree with the specs, the tolerance is set, the seed compiles. On a
 GPU the seed must also pass L2 against the reference before the fast path starts.
+
+**Run All stops here** until you have approved the port and the reference above: this cell and the fast path
+below say what is missing and do nothing. Once both are approved, run this cell and section 6 again.
 """),
     code("""
-print(session.check().text())
-gate, gate_note = yk.seed_l2(session, choice)
-banner(gate_note)
+waiting = yk.reviews_missing(port=port.accepted, reference=reference.accepted, run_again="this cell and section 6")
+if waiting is None:
+    print(session.check().text())
+    gate, gate_note = yk.seed_l2(session, choice)
+display(banner(waiting or gate_note))
 """),
     md("""
 ## 6. The fast path, with you in the loop
@@ -652,15 +662,19 @@ Each attempt waits for you: **Approve**, **Reject** with a note (it goes into th
 the last stage passes, the search starts from the approved result below the stepper.
 """),
     code("""
-fp, fp_note = yk.fast_path(session, choice)
-stepper = FastPathStepper(fp, search=yk.searcher(fp, yk.search_evaluator(choice), generations=2))
-display(banner(fp_note))
-stepper.start()
-stepper
+stepper = None
+waiting = yk.reviews_missing(port=port.accepted, reference=reference.accepted, run_again="section 5 and this cell")
+if waiting is None:
+    fp, fp_note = yk.fast_path(session, choice)
+    stepper = FastPathStepper(fp, search=yk.searcher(fp, yk.search_evaluator(choice), generations=2))
+    display(banner(fp_note), stepper)
+    stepper.start()
+else:
+    display(banner(waiting))
 """),
     code("""
 # Nobody clicks in a headless smoke run: approve every attempt (a person never needs this cell).
-if smoke.auto_approve():
+if smoke.auto_approve() and stepper is not None:
     stepper.approve_all()
 """),
     md("""
@@ -670,11 +684,13 @@ Generation 0 is the fast path's result (its frozen bytes are every child's L0 pa
 design space); the lineage shows the fast-path stages first, at negative generations.
 """),
     code("""
-if stepper.engine is not None and smoke.auto_approve():
+if stepper is not None and stepper.engine is not None and smoke.auto_approve():
     print(wb.end_search(stepper.engine, close=[stepper.dashboard, stepper.search_store]))
     smoke.cleanup()
     fp.store.close()
     choice.close()
+elif stepper is None:
+    print("no fast path yet: approve the port and the reference, then run sections 5 and 6 again")
 else:
     print("the search starts when you approve the fast path's last stage above; press Stop on its dashboard "
           "when you are done")
