@@ -353,7 +353,7 @@ if smoke.enabled():
         cell.ranks.value, cell.backend.value, cell.preset.value = 2, "symm", "small"
     cell.run()
     cell.join(120)
-cell.frame()
+cell.table_frame()  # cell.frame() has every field: device and end-to-end times, spread, the whole reason
 """),
     md("""
 ## A size sweep
@@ -366,8 +366,9 @@ rows only show the mechanics.
 presets, ranks, backend, plan = wb.sweep_plan(choice, SAMPLE, world_size=2, backend="symm",
                                               presets=["small"] if smoke.enabled() else ["small", "4096", "8192"])
 display(banner(plan))
-wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=ranks, backend=backend,
-         iters=5 if smoke.enabled() else 20).round(4)
+sweep = wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=ranks, backend=backend,
+                 iters=5 if smoke.enabled() else 20).round(4)
+sweep.drop(columns=["checked", "reason"])  # sweep.loc[:, "reason"] says why a row has no number
 """),
     md("""
 ## Timelines

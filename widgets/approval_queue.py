@@ -9,7 +9,6 @@ says why (the dashboard calls it when the search stops).
 """
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +17,7 @@ import ipywidgets as W
 from cuco_kit.evaluate.api import checked_against
 from cuco_kit.store import Store
 
-from ._common import esc
+from ._common import esc, short
 from .diff_review import DiffReview
 
 # decide(proposal_id, decision, edited_code_or_None); returns an error line, or "" when the gate took it
@@ -28,10 +27,6 @@ SUMMARY_CHARS = 110
 HISTORY_ROWS = 12
 _ROW = W.Layout(align_items="center", width="100%")
 
-
-def short(text: str, width: int) -> str:
-    """`text` on one line, at most `width` characters, cut at a word boundary with an ellipsis."""
-    return textwrap.shorten(" ".join(text.split()), width, placeholder=" …") if text.strip() else ""
 
 
 def _outcome(store: Store, program_id: int | None) -> str:

@@ -199,6 +199,16 @@ def test_03_multi_gpu_eval_button_stays_usable(lab: Any):
         page.wait_for_function(f"() => document.querySelectorAll('.jp-OutputArea table.dataframe tbody tr')"
                                f".length > {before}", timeout=60_000)
         _no_real_badges(page)
+        # A replayed result reads as one line; its raw log (compiler command lines, the ranks' warnings) is folded
+        # away, and the results table is drawn whole inside the notebook.
+        text = page.inner_text("body")
+        assert "waitForInput" not in text and "$ " + "nvcc" not in text and "-gencode" not in text, text[-2000:]
+        assert re.match(r"L\d: \w+", page.locator(".cuco-eval-summary").first.inner_text().strip())
+        fit = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea table.dataframe'))"
+                            ".map(t => { const o = t.closest('.jp-OutputArea-output').getBoundingClientRect();"
+                            " const b = t.getBoundingClientRect(); return [b.left >= o.left - 1,"
+                            " b.right <= o.right + 1, Math.round(b.right), Math.round(o.right)]; })")
+        assert fit and all(f[0] and f[1] for f in fit), fit
         # The "recorded" menu offers exactly what the committed recordings hold, and a configuration outside
         # them says which ones are recorded.
         recorded = page.evaluate(OPTIONS_JS, "recorded")
@@ -213,7 +223,7 @@ def test_03_multi_gpu_eval_button_stays_usable(lab: Any):
                 index=page.evaluate(OPTIONS_JS, label).index(value))
         button.click()
         page.wait_for_function("() => document.body.innerText.includes('recorded nearby')", timeout=60_000)
-        log = page.locator(".jp-OutputArea pre", has_text="recorded nearby").first.inner_text()
+        log = page.locator(".cuco-eval-summary", has_text="recorded nearby").first.inner_text()
         assert "2 ranks, symm" in log and all(c in log for c in held), log
         lab.shot(page, "03_multi_gpu_eval", at=".jp-OutputArea button >> text=Evaluate")
     finally:
