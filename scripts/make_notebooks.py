@@ -411,6 +411,7 @@ SIMULATED search first and says so. Every table comes from `cuco_kit.report`, so
 any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
 """),
     code(SETUP + """
+import pandas as pd
 from IPython.display import HTML
 from cuco_kit.widgets import DesignSpaceMap, FailureView, LatencyPlot, side_by_side_html
 
@@ -421,8 +422,10 @@ banner(note)
     code("""
 frame = report.run_frame(store, run_id)
 print(len(frame), "evaluations of", frame["program_id"].nunique(), "programs")
+pd.set_option("display.max_colwidth", 36)  # long names end in "...", so the table fits the notebook
 frame[["evaluation_id", "program_id", "name", "source", "level_reached", "verdict", "median_ms",
-       "speedup", "badge"]].head(15).round(3)
+       "speedup", "badge"]].head(15).round(3).rename(columns={"evaluation_id": "evaluation", "program_id": "program",
+                                                              "level_reached": "level"})
 """),
     md("""
 ## What won
@@ -447,12 +450,13 @@ DesignSpaceMap(store, run_id)
 """),
     code("""
 display(frame.groupby(["level_reached", "verdict"]).size().unstack(fill_value=0))
-FailureView(frame)
+FailureView(frame, run="recorded run" if note.badge == "replayed" else "run")
 """),
     code("""
 failed = frame[frame["verdict"].isin(["fail", "error"])]
 if failed.empty:
-    print("no failures in this run: nothing to show here")
+    print(f"no failures in this {'recorded run' if note.badge == 'replayed' else 'run'}: each failed "
+          "evaluation of a run would be listed here with its reason and log tail")
 for eid in failed["evaluation_id"].head(3):
     ev = store.evaluation(int(eid))
     print(f"evaluation {eid} ({ev['level_reached']}): {ev['reason']}")

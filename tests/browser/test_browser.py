@@ -82,6 +82,18 @@ def _settled_pending(page: Any, timeout_s: float = 60) -> int:
     return seen[-1]
 
 
+TABLES_FIT_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea table.dataframe')).map(t => {
+  const o = t.closest('.jp-OutputArea-output').getBoundingClientRect(), b = t.getBoundingClientRect();
+  return [b.width === 0 || (b.left >= o.left - 1 && b.right <= o.right + 1), Math.round(b.right),
+          Math.round(o.right)]; })"""  # a folded (hidden) table has no box, so nothing of it is cut
+
+
+def _tables_fit(page: Any) -> None:
+    """Every pandas table lies inside its output area at 1280 px: no column cut at the right edge."""
+    fit = page.evaluate(TABLES_FIT_JS)
+    assert fit and all(f[0] for f in fit), f"tables wider than the notebook ([fits, right, output right]): {fit}"
+
+
 def test_00_quickstart_run_all(lab: Any):
     page = lab.open("00_quickstart.ipynb")
     try:
@@ -204,11 +216,7 @@ def test_03_multi_gpu_eval_button_stays_usable(lab: Any):
         text = page.inner_text("body")
         assert "waitForInput" not in text and "$ " + "nvcc" not in text and "-gencode" not in text, text[-2000:]
         assert re.match(r"L\d: \w+", page.locator(".cuco-eval-summary").first.inner_text().strip())
-        fit = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea table.dataframe'))"
-                            ".map(t => { const o = t.closest('.jp-OutputArea-output').getBoundingClientRect();"
-                            " const b = t.getBoundingClientRect(); return [b.left >= o.left - 1,"
-                            " b.right <= o.right + 1, Math.round(b.right), Math.round(o.right)]; })")
-        assert fit and all(f[0] and f[1] for f in fit), fit
+        _tables_fit(page)
         # The "recorded" menu offers exactly what the committed recordings hold, and a configuration outside
         # them says which ones are recorded.
         recorded = page.evaluate(OPTIONS_JS, "recorded")
@@ -236,9 +244,14 @@ def test_04_run_analysis_says_what_failed_or_that_nothing_did(lab: Any):
         lab.run_all(page)
         assert lab.red_boxes(page) == []
         text = page.inner_text("body")
-        assert "no failures in this run" in text or "level_reached" in text
+        assert "no failures in this recorded run" in text or "level_reached" in text
         assert page.evaluate(PLOT_COUNTS_JS)["plots"] >= 2
         _no_real_badges(page)
+        # The run frame's badge column says where its numbers come from, as the badges above do.
+        cells = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea table.dataframe td'))"
+                              ".map(td => td.innerText.trim())")
+        assert "real" not in cells and any(c.startswith("replayed (") for c in cells), cells[:40]
+        _tables_fit(page)
         lab.shot(page, "04_run_analysis")
     finally:
         lab.close(page)
