@@ -105,6 +105,17 @@ def test_00_quickstart_run_all(lab: Any):
         assert counts["plots"] >= 3 and counts["lineage"], counts
         text = page.inner_text("body")
         assert "no failures in this run" in text or "level_reached" in text
+        # The lineage's menu does what its label promises: the chosen program's numbers and its diff.
+        programs = page.evaluate(OPTIONS_JS, "program")
+        assert programs and len(programs) >= 2 and programs[0].startswith("choose a program"), programs
+        menu = page.locator(".jp-OutputArea .widget-dropdown", has=page.locator("label", has_text=re.compile(
+            "^program$"))).locator("select").first
+        menu.select_option(index=len(programs) - 1)
+        detail = page.locator(".cuco-program-detail").first
+        detail.wait_for(state="visible", timeout=30_000)
+        chosen = re.match(r"program (\d+):", programs[-1])
+        assert chosen and f"program {chosen.group(1)}:" in detail.inner_text()
+        assert "verdict" in detail.inner_text() and detail.locator(".cuco-diff").count() == 1
         lab.shot(page, "00_quickstart", at=".js-plotly-plot")
     finally:
         lab.close(page)
