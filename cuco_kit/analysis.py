@@ -412,9 +412,14 @@ class AnalysisReport:
     def summary(self) -> str:
         """A short human-readable account (what `cuco analyze FILE` prints)."""
         f = self.features()
+        # Streams as the program has them: those it names (created or used), and the default stream apart, so
+        # a cudaMemset on the default stream is not counted as a stream the program created.
+        used = {str(n["stream"]) for n in self.graph.nodes if n["stream"] is not None}
+        named = used.union(c.stream for c in self.streams if c.stream) - _DEFAULT_STREAMS
+        default = " and the default stream" if used & _DEFAULT_STREAMS else ""
         lines = [f"{self.filename}: {f['n_kernels']} kernel(s), {len(self.launches)} launch(es), "
                  f"{len(self.blas)} cuBLAS call(s), {len(self.collectives)} collective(s), "
-                 f"{len(self.p2p)} send/recv, {len(self.groups)} group(s), {f['n_streams']} stream(s)"]
+                 f"{len(self.p2p)} send/recv, {len(self.groups)} group(s), {len(named)} stream(s){default}"]
         for c in self.collectives + self.p2p:
             grp = f" group {c.group}" if c.group is not None else ""
             loop = " in loop" if c.in_loop else ""

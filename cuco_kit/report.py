@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from cuco_kit.badges import detail_of, shown_badge
+from cuco_kit.badges import detail_of, label, shown_badge
 from cuco_kit.evaluate.api import timing_medians
 from cuco_kit.evaluate.stats import ratio_label
 from cuco_kit.markers import plain_knob
@@ -39,7 +39,11 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "verdict": e.get("verdict"), "reason": e.get("reason"), "median_ms": e.get("median_ms"),
             "spread_ms": e.get("spread_ms"), "seed_median_ms": e.get("seed_median_ms"),
             "speedup": e.get("speedup"), "speedup_ci": ci, "claim": claim(e.get("speedup"), ci),
-            "flagged": bool(e.get("flagged")), "badge": e.get("badge"),
+            "flagged": bool(e.get("flagged")),
+            # as shown now: a "real" number read back from a recording or a finished run is replayed, with the
+            # GPU and date it was measured on (badges.label), never "real" on a machine that did not measure it
+            "badge": label(shown_badge(str(e.get("badge")), live=not store.readonly), detail_of(prov))
+            if e.get("badge") else None,
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
             "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
             "oracle": (e.get("result") or {}).get("oracle"),

@@ -26,8 +26,8 @@ from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
 from cuco_kit.fastpath import FastPath, FastPathConfig
-from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient, fixtures
-from cuco_kit.llm.fake_server import Scripted, answer
+from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient, fixture_scripts
+from cuco_kit.llm.fake_server import Scripted
 from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
@@ -43,9 +43,6 @@ ROOT_ENV = "CUCO_REPO_ROOT"
 RECORDINGS_ENV = "CUCO_RECORDINGS"
 RECORDINGS_DIR = "recordings"  # the repository's folder of the data the notebooks replay
 MAIN_SAMPLE = "gemm_allgather"
-# The fast path's recorded answers on the main sample (cuco_kit.llm.fixtures), by the fake server's entry name.
-FASTPATH_FIXTURES = (("stage-a", "gemm_stage_a.cu"), ("stage-b", "gemm_stage_b_lsa.cu"),
-                     ("annotate", "gemm_annotated.cu"))
 
 
 @dataclass(frozen=True)
@@ -461,13 +458,10 @@ def sweep(evaluator: Evaluator, workload_dir: str | Path, candidate: str, preset
 # ---- the fast path from a notebook ---------------------------------------------------------------------------
 
 def fastpath_fixtures() -> list[Scripted]:
-    """Scripted FIXTURE answers for the fast path on gemm_allgather: Stage A, Stage B (LSA), annotate, in that
-    order, and a judge answer for any failed attempt. Every answer says it is a fixture."""
-    out = [answer(name, f"FIXTURE answer (recorded, not a live model).\n\n```cuda\n{fixtures.load(fname)}```\n")
-           for name, fname in FASTPATH_FIXTURES]
-    out.append(answer("judge", "FIXTURE diagnosis: no live model is answering in this run.",
-                      match="Diagnose the failure", times=0))
-    return out
+    """Scripted FIXTURE answers for the fast path on gemm_allgather, chosen by what each prompt asks: per stage
+    (Stage A, Stage B (LSA), annotate) a first answer and a retry answer, and a judge answer for any failed
+    attempt. Every answer says it is a fixture."""
+    return fixture_scripts.gemm_fastpath()
 
 
 def llm_configured() -> bool:
@@ -503,8 +497,9 @@ def fast_path(workload_dir: str | Path, choice: EvaluatorChoice, *, seed_file: s
     if llm_calls is not None and llm_calls.mode == "record":
         client = llm_calls.wrap(client)
         note = Note(f"{note.text}; every call recorded to {llm_calls.path}", note.badge)
-    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() else 3), judge=not smoke.enabled(),
-                         manual=manual)
+    # A person who rejects must get a retry, smoke run or not; only a headless automatic smoke run keeps one.
+    fpc = FastPathConfig(max_attempts=max_attempts or (1 if smoke.enabled() and not manual else 3),
+                         judge=not smoke.enabled(), manual=manual)
     evaluator = choice.evaluator if choice.kind == "gpu" else None
     fp = FastPath(seed_path.read_text(encoding="utf-8"), wl.directory, client, evaluator, store, fpc,
                   seed_name=seed_path.name)

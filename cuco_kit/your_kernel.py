@@ -19,8 +19,8 @@ from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.fastpath import FastPath, FastPathConfig
 from cuco_kit.importer.session import ImportSession
 from cuco_kit.importer.workload_writer import SEED_FILE
-from cuco_kit.llm import LLMClient, LLMConfig, OpenAICompatibleClient, fixtures
-from cuco_kit.llm.fake_server import Scripted, answer
+from cuco_kit.llm import LLMClient, LLMConfig, OpenAICompatibleClient, fixture_scripts
+from cuco_kit.llm.fake_server import Scripted
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.start_point import start_from
 from cuco_kit.store import Store
@@ -61,27 +61,16 @@ def searcher(fp: FastPath, choice: EvaluatorChoice, **kwargs: int) -> Callable[[
     return functools.partial(search_from, fp, choice, **kwargs)
 
 
-def _cuda(text: str) -> str:
-    return f"FIXTURE answer (written for the example program, not a live model).\n\n```cuda\n{text}```\n"
-
-
 def import_fixtures() -> list[Scripted]:
-    """FIXTURE answers to the import prompts: a port that drops a buffer, then a correct one; a reference."""
-    return [answer("port-drops-buffer", _cuda(fixtures.load("own_norm_port_drops_buffer.cu")),
-                   match="Port a host-driven program"),
-            answer("port", _cuda(fixtures.load("own_norm_port.cu")), match="Port a host-driven program"),
-            answer("reference", "FIXTURE answer (written for the example program, not a live model).\n\n```python\n"
-                   f"{fixtures.load('own_norm_reference.txt')}```\n", match="Write the torch reference")]
+    """FIXTURE answers to the import prompts: a port that drops a buffer, then (after a note) a correct one; a
+    reference."""
+    return fixture_scripts.example_import()
 
 
 def fastpath_fixtures() -> list[Scripted]:
-    """FIXTURE answers to the fast path on the example's seed: Stage A twice (one to reject), Stage B, annotate,
-    and a judge answer for any failed attempt."""
-    return [answer("stage-a", _cuda(fixtures.load("own_norm_stage_a.cu")), match="# Stage A", times=2),
-            answer("stage-b", _cuda(fixtures.load("own_norm_stage_b_lsa.cu")), match="# Stage B"),
-            answer("annotate", _cuda(fixtures.load("own_norm_annotated.cu")), match="# Annotate"),
-            answer("judge", "FIXTURE diagnosis: no live model is answering in this run.",
-                   match="Diagnose the failure", times=0)]
+    """FIXTURE answers to the fast path on the example's seed: per stage a first answer and a retry answer, and a
+    judge answer for any failed attempt."""
+    return fixture_scripts.example_fastpath()
 
 
 def llm_for(script: list[Scripted]) -> tuple[LLMClient, Note]:
@@ -100,6 +89,17 @@ def import_session(program: str | Path, workload_dir: str | Path) -> tuple[Impor
     """An ImportSession over `program` writing into `workload_dir`, with the LLM for port and reference."""
     llm, note = llm_for(import_fixtures())
     return ImportSession(program, workload_dir, llm=llm), note
+
+
+def reviews_missing(*, port: bool, reference: bool, run_again: str) -> Note | None:
+    """None once the port and the reference are approved; else one line naming what to approve and which cell
+    to run again (Run All goes past the review points: a cell below them must not act on an unreviewed folder)."""
+    missing = [what for what, ok in (("the LLM's port (section 3)", port), ("the torch reference (section 4)",
+                                                                            reference)) if not ok]
+    if not missing:
+        return None
+    return Note(f"waiting for your review: approve {' and '.join(missing)} above, then run {run_again} again",
+                "info")
 
 
 def seed_l2(session: ImportSession, choice: EvaluatorChoice) -> tuple[list[EvalResult], Note]:

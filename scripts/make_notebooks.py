@@ -217,8 +217,13 @@ Every call is in the ledger: tokens, dollars (fixture answers cost nothing) and 
     code("""
 display(LedgerView(fp.store, fp.run_id))
 if stepper.done.is_set():
-    print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
-          ", ".join(b.name for b in markers.blocks(fp.current_code)))
+    if stepper.result is not None and stepper.result.ok:
+        print("final candidate:", len(fp.current_code.splitlines()), "lines;", "blocks:",
+              ", ".join(b.name for b in markers.blocks(fp.current_code)))
+    else:  # failed, or stopped by an error: say so, never a "final candidate" that is only the last input
+        print("no final candidate: the fast path",
+              f"{stepper.result.status}: {stepper.result.message}" if stepper.result is not None
+              else f"stopped: {stepper.error}")
     smoke.cleanup()
     fp.store.close()
     choice.close()
@@ -348,7 +353,7 @@ if smoke.enabled():
         cell.ranks.value, cell.backend.value, cell.preset.value = 2, "symm", "small"
     cell.run()
     cell.join(120)
-cell.frame()
+cell.table_frame()  # cell.frame() has every field: device and end-to-end times, spread, the whole reason
 """),
     md("""
 ## A size sweep
@@ -361,8 +366,9 @@ rows only show the mechanics.
 presets, ranks, backend, plan = wb.sweep_plan(choice, SAMPLE, world_size=2, backend="symm",
                                               presets=["small"] if smoke.enabled() else ["small", "4096", "8192"])
 display(banner(plan))
-wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=ranks, backend=backend,
-         iters=5 if smoke.enabled() else 20).round(4)
+sweep = wb.sweep(choice.evaluator, SAMPLE, "device_lsa.cu", presets, world_size=ranks, backend=backend,
+                 iters=5 if smoke.enabled() else 20).round(4)
+sweep.drop(columns=["checked", "reason"])  # sweep.loc[:, "reason"] says why a row has no number
 """),
     md("""
 ## Timelines
@@ -405,6 +411,7 @@ SIMULATED search first and says so. Every table comes from `cuco_kit.report`, so
 any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
 """),
     code(SETUP + """
+import pandas as pd
 from IPython.display import HTML
 from cuco_kit.widgets import DesignSpaceMap, FailureView, LatencyPlot, side_by_side_html
 
@@ -415,8 +422,10 @@ banner(note)
     code("""
 frame = report.run_frame(store, run_id)
 print(len(frame), "evaluations of", frame["program_id"].nunique(), "programs")
+pd.set_option("display.max_colwidth", 36)  # long names end in "...", so the table fits the notebook
 frame[["evaluation_id", "program_id", "name", "source", "level_reached", "verdict", "median_ms",
-       "speedup", "badge"]].head(15).round(3)
+       "speedup", "badge"]].head(15).round(3).rename(columns={"evaluation_id": "evaluation", "program_id": "program",
+                                                              "level_reached": "level"})
 """),
     md("""
 ## What won
@@ -441,12 +450,13 @@ DesignSpaceMap(store, run_id)
 """),
     code("""
 display(frame.groupby(["level_reached", "verdict"]).size().unstack(fill_value=0))
-FailureView(frame)
+FailureView(frame, run="recorded run" if note.badge == "replayed" else "run")
 """),
     code("""
 failed = frame[frame["verdict"].isin(["fail", "error"])]
 if failed.empty:
-    print("no failures in this run: nothing to show here")
+    print(f"no failures in this {'recorded run' if note.badge == 'replayed' else 'run'}: each failed "
+          "evaluation of a run would be listed here with its reason and log tail")
 for eid in failed["evaluation_id"].head(3):
     ev = store.evaluation(int(eid))
     print(f"evaluation {eid} ({ev['level_reached']}): {ev['reason']}")
@@ -617,7 +627,7 @@ port = DraftReview(session, "port")
 port
 """),
     code("""
-if smoke.enabled():  # nobody reviews in CI: reject failing drafts with a note, approve the first that passes
+if smoke.auto_approve():  # nobody reviews in CI: reject failing drafts with a note, approve the first that passes
     port.auto("you dropped the gamma buffer: look every tensor of the plan up with cuco_tensor")
 """),
     md("""
@@ -631,7 +641,7 @@ reference = DraftReview(session, "reference")
 reference
 """),
     code("""
-if smoke.enabled():
+if smoke.auto_approve():
     reference.auto("compute in float64 and return one flat tensor per rank")
 """),
     md("""
@@ -639,11 +649,16 @@ if smoke.enabled():
 
 The reference runs on the CPU, its shapes agree with the specs, the tolerance is set, the seed compiles. On a
 GPU the seed must also pass L2 against the reference before the fast path starts.
+
+**Run All stops here** until you have approved the port and the reference above: this cell and the fast path
+below say what is missing and do nothing. Once both are approved, run this cell and section 6 again.
 """),
     code("""
-print(session.check().text())
-gate, gate_note = yk.seed_l2(session, choice)
-banner(gate_note)
+waiting = yk.reviews_missing(port=port.accepted, reference=reference.accepted, run_again="this cell and section 6")
+if waiting is None:
+    print(session.check().text())
+    gate, gate_note = yk.seed_l2(session, choice)
+display(banner(waiting or gate_note))
 """),
     md("""
 ## 6. The fast path, with you in the loop
@@ -652,15 +667,19 @@ Each attempt waits for you: **Approve**, **Reject** with a note (it goes into th
 the last stage passes, the search starts from the approved result below the stepper.
 """),
     code("""
-fp, fp_note = yk.fast_path(session, choice)
-stepper = FastPathStepper(fp, search=yk.searcher(fp, yk.search_evaluator(choice), generations=2))
-display(banner(fp_note))
-stepper.start()
-stepper
+stepper = None
+waiting = yk.reviews_missing(port=port.accepted, reference=reference.accepted, run_again="section 5 and this cell")
+if waiting is None:
+    fp, fp_note = yk.fast_path(session, choice)
+    stepper = FastPathStepper(fp, search=yk.searcher(fp, yk.search_evaluator(choice), generations=2))
+    display(banner(fp_note), stepper)
+    stepper.start()
+else:
+    display(banner(waiting))
 """),
     code("""
 # Nobody clicks in a headless smoke run: approve every attempt (a person never needs this cell).
-if smoke.auto_approve():
+if smoke.auto_approve() and stepper is not None:
     stepper.approve_all()
 """),
     md("""
@@ -670,11 +689,13 @@ Generation 0 is the fast path's result (its frozen bytes are every child's L0 pa
 design space); the lineage shows the fast-path stages first, at negative generations.
 """),
     code("""
-if stepper.engine is not None and smoke.auto_approve():
+if stepper is not None and stepper.engine is not None and smoke.auto_approve():
     print(wb.end_search(stepper.engine, close=[stepper.dashboard, stepper.search_store]))
     smoke.cleanup()
     fp.store.close()
     choice.close()
+elif stepper is None:
+    print("no fast path yet: approve the port and the reference, then run sections 5 and 6 again")
 else:
     print("the search starts when you approve the fast path's last stage above; press Stop on its dashboard "
           "when you are done")

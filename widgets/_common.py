@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import html
+import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,11 @@ BADGE_STYLE = {**{b: (c, LABELS[b]) for b, c in _COLOURS.items()}, "info": ("#37
 def esc(text: Any) -> str:
     """Every string that may come from an LLM or a candidate goes through here before it reaches HTML."""
     return html.escape("" if text is None else str(text), quote=True)
+
+
+def short(text: str, width: int) -> str:
+    """`text` on one line, at most `width` characters, cut at a word boundary with an ellipsis."""
+    return textwrap.shorten(" ".join(text.split()), width, placeholder=" …") if text.strip() else ""
 
 
 def badge_colour(badge: str) -> str:

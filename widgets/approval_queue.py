@@ -18,7 +18,7 @@ from cuco_kit.evaluate.api import checked_against
 from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.store import Store
 
-from ._common import esc
+from ._common import esc, short
 from .diff_review import DiffReview
 
 # decide(proposal_id, decision, edited_code_or_None); returns an error line, or "" when the gate took it
@@ -27,6 +27,7 @@ DecideFn = Callable[[int, str, "str | None"], str]
 SUMMARY_CHARS = 110
 HISTORY_ROWS = 12
 _ROW = W.Layout(align_items="center", width="100%")
+
 
 
 def _outcome(store: Store, program_id: int | None) -> str:
@@ -38,9 +39,10 @@ def _outcome(store: Store, program_id: int | None) -> str:
     e = evs[-1]
     oracle = (e.get("result") or {}).get("oracle")
     against = f" ({checked_against(oracle)})" if oracle else ""
+    prog = f"program {program_id}: "
     if e.get("verdict") == "pass" and e.get("speedup") is not None:
-        return f"pass, {e['speedup']:.2f}x the seed{against}"
-    return f"{e.get('verdict') or e.get('status')} at {e.get('level_reached') or '-'}{against}"
+        return f"{prog}pass, {e['speedup']:.2f}x the seed{against}"
+    return f"{prog}{e.get('verdict') or e.get('status')} at {e.get('level_reached') or '-'}{against}"
 
 
 class _Row(W.VBox):
@@ -51,9 +53,14 @@ class _Row(W.VBox):
         self.pid = int(proposal["id"])
         self._decide = decide
         why = str(proposal.get("rationale") or "")
-        line = (f"<b>#{self.pid}</b> {esc(str(proposal.get('name') or 'proposal')[:60])} "
-                f"<span style='color:#666'>({esc(proposal.get('source'))}) {esc(why[:SUMMARY_CHARS])}</span>")
-        self.summary = W.HTML(line, layout=W.Layout(flex="1 1 auto", overflow="hidden", max_height="1.6em"))
+        # "proposal #N": the queue numbers proposals; the lineage numbers programs ("program N"). One line, cut
+        # at a word boundary with an ellipsis (the whole rationale is the hover text).
+        line = (f"<div style='white-space:nowrap;overflow:hidden;text-overflow:ellipsis'><b>proposal "
+                f"#{self.pid}</b> {esc(short(str(proposal.get('name') or 'proposal'), 60))} "
+                f"<span style='color:#666'>({esc(proposal.get('source'))}) {esc(short(why, SUMMARY_CHARS))}"
+                "</span></div>")
+        self.summary = W.HTML(line, layout=W.Layout(flex="1 1 auto", overflow="hidden", max_height="1.6em",
+                                                    min_width="0"))
         self.summary.tooltip = why
         self.expand = W.ToggleButton(description="diff", icon="chevron-right", layout=W.Layout(width="70px"),
                                      tooltip="show the side-by-side diff (and Edit)")
@@ -68,8 +75,12 @@ class _Row(W.VBox):
         self.expand.observe(lambda ch: self._toggle(bool(ch["new"])), names="value")
         self.approve.on_click(lambda _: self.decide("approved"))
         self.reject.on_click(lambda _: self.decide("rejected"))
+        # flex 0 0 auto: inside the scrolling list a row keeps its natural height (an open diff makes the list
+        # scroll) instead of shrinking until the rows overlap and cover each other's buttons.
         super().__init__([W.HBox([self.expand, self.summary, self.approve, self.reject, self.status], layout=_ROW),
-                          self.detail], layout=W.Layout(border_bottom="1px solid #eee", padding="1px 0"))
+                          self.detail], layout=W.Layout(border_bottom="1px solid #eee", padding="1px 0",
+                                                        flex="0 0 auto"))
+        self.add_class("cuco-queue-row")
 
     def _toggle(self, open_: bool) -> None:
         self.expand.icon = "chevron-down" if open_ else "chevron-right"
@@ -93,7 +104,7 @@ class _Row(W.VBox):
         for b in (self.approve, self.reject):
             b.disabled = True
             b.tooltip = reason or f"already {verdict}"
-        self.status.value = f"<i>{esc(verdict)}</i>"
+        self.status.value = f"<i style='white-space:nowrap'>{esc(verdict)}</i>"
         if self.review is not None and self.review.decision is None:
             self.review.freeze(verdict)
 
@@ -189,15 +200,17 @@ class ApprovalQueue(W.VBox):
         if not decided:
             return "<i>no decisions yet</i>"
         rows = "".join(
-            f"<tr><td>#{p['id']}</td><td>{esc(str(p.get('name') or '')[:70])}</td><td>{esc(p.get('status'))}</td>"
-            f"<td>{esc(p.get('decided_by') or '-')}</td><td>{esc(_outcome(self.store, p.get('program_id')))}</td></tr>"
+            f"<tr><td>proposal #{p['id']}</td><td>{esc(short(str(p.get('name') or ''), 70))}</td>"
+            f"<td>{esc(p.get('status'))}</td><td>{esc(p.get('decided_by') or '-')}</td>"
+            f"<td>{esc(_outcome(self.store, p.get('program_id')))}</td></tr>"
             for p in decided[-HISTORY_ROWS:][::-1])
         return ("<table style='font-size:12px'><tr><th>proposal</th><th>name</th><th>decision</th><th>by</th>"
                 f"<th>outcome</th></tr>{rows}</table>"
                 + (f"<i>latest {HISTORY_ROWS} of {len(decided)}</i>" if len(decided) > HISTORY_ROWS else ""))
 
-    def disable(self, reason: str) -> None:
-        """Every control off, saying why (hover), and one line above the list."""
+    def disable(self, reason: str, *, say: bool = True) -> None:
+        """Every control off, saying why (hover), and one line above the list unless `say` is False (the
+        dashboard says it once, above everything)."""
         self.disabled_reason = reason
         for w in self.controls:
             w.disabled = True
@@ -206,4 +219,5 @@ class ApprovalQueue(W.VBox):
             row.freeze("not decided", reason)
             if row.review is not None:
                 row.review.freeze("not decided")
-        self.note.value = f"<span class='cuco-disabled-reason' style='color:#555'>{esc(reason)}</span>"
+        self.note.value = (f"<span class='cuco-disabled-reason' style='color:#555'>{esc(reason)}</span>" if say
+                           else "")

@@ -55,6 +55,7 @@ class FastPathStepper(W.VBox):
         self.after = W.VBox()
         super().__init__([W.HTML("<b>Fast path, one attempt at a time</b>"), self.status, self.history, self.note,
                           self.current, self.after])
+        self.add_class("cuco-fastpath-stepper")
 
     # -- driving ----------------------------------------------------------------------------------------
     def start(self) -> FastPathStepper:
@@ -121,6 +122,7 @@ class FastPathStepper(W.VBox):
         with self._lock:
             self._sync_history()
             self.current.children = []
+            self.note.layout.display = "none"  # nothing left to reject: no stale note field
             if error is not None:
                 self.error = error
                 self.status.value = f"{badge_html('simulated', 'stopped')} {esc(error)}"

@@ -19,7 +19,8 @@ from cuco_kit.teaching import overlap_bound
 from ._common import badge_html, esc, fmt_ms
 from .figure_box import FigureBox
 
-FIG = dict(height=340, width=600, margin=dict(l=60, r=20, t=40, b=50))
+# two side by side fit the notebook at a 1280 px window (its output area is about 1,130 px wide)
+FIG = dict(height=340, width=530, margin=dict(l=60, r=20, t=40, b=50))
 MAX_CHUNKS = 16
 
 

@@ -11,23 +11,21 @@ stops the search the old dashboard showed, so no search is left running without 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Protocol
+from collections.abc import Callable
+from typing import ClassVar, Protocol
 
 import ipywidgets as W
 
 from cuco_kit.errors import BadInput
-from cuco_kit.evaluate.api import checked_against
 from cuco_kit.events import Event, EventSink, EventSource
-from cuco_kit.report import ratio_text
 from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.population import Population
 from cuco_kit.store import Store
 
 from ._common import Throttle, esc, fmt_ms
 from .approval_queue import ApprovalQueue
-from .diff_review import side_by_side_html
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
+from .program_detail import program_detail_html
 from .reasoning import ReasoningPanel
 from .slots import SlotPanel
 from .views import LedgerView
@@ -95,7 +93,7 @@ class RunDashboard(W.VBox):
         self.stop_b.on_click(lambda _: self._control(self.engine.stop))
         self.reason = W.HTML()
         self.queue = ApprovalQueue(self.store, self.run_id, engine.gate, on_change=lambda: self._refresh())
-        self.lineage = LineageTree(self.store, self.run_id)
+        self.lineage = LineageTree(self.store, self.run_id, detail=False)  # shown in self.detail
         self.latency = LatencyPlot(self.store, self.run_id, baselines=baselines)
         self.cells = DesignSpaceMap(self.store, self.run_id)
         self.ledger = LedgerView(self.store, self.run_id)
@@ -139,7 +137,7 @@ class RunDashboard(W.VBox):
         for w in (self.pause_b, self.resume_b, self.stop_b):
             w.disabled = True
             w.tooltip = reason
-        self.queue.disable(reason)
+        self.queue.disable(reason, say=False)  # said once, in self.reason
         self.reason.value = f"<span class='cuco-disabled-reason' style='color:#555'>{esc(reason)}</span>"
 
     def _on_event(self, event: Event) -> None:
@@ -149,21 +147,7 @@ class RunDashboard(W.VBox):
 
     def show_program(self, program_id: int) -> None:
         """What a click on a lineage node opens: the program's diff against its parent and its metrics."""
-        p = self.store.program(program_id)
-        parent_id = p.get("parent_id")
-        parent = self.store.program(parent_id) if parent_id else None
-        evs = self.store.evaluations(program_id=program_id)
-        last: Mapping[str, Any] = evs[-1] if evs else {}
-        metrics = (f"verdict <b>{esc(last.get('verdict'))}</b> at {esc(last.get('level_reached'))}; "
-                   f"median {fmt_ms(last.get('median_ms'))}; speed-up over the seed "
-                   f"{esc(ratio_text(last.get('speedup'), (last.get('result') or {}).get('speedup_ci')))}"
-                   + (f"; {esc(checked_against((last.get('result') or {}).get('oracle')))}"
-                      if (last.get("result") or {}).get("oracle") else "")
-                   + (f"; reason {esc(last.get('reason'))}" if last.get("reason") else "")) \
-            if last else "not evaluated yet"
-        self.detail.value = (f"<h4>#{program_id} {esc(p.get('name'))} ({esc(p.get('source'))})</h4>"
-                             f"<div>{esc(p.get('rationale'))}</div><div>{metrics}</div>"
-                             + side_by_side_html(parent["code"] if parent else "", p["code"]))
+        self.detail.value = program_detail_html(self.store, program_id)
         self.selected = program_id
 
     def _render(self) -> None:
@@ -180,7 +164,7 @@ class RunDashboard(W.VBox):
                 self.stop_b.disabled = False
             best = self.store.best(self.run_id)
             self.state.value = (f"state: <b>{esc(state)}</b> | pending: {len(self.queue.rows)} | "
-                                + (f"best: {fmt_ms(best['median_ms'])} (#{best['program_id']})"
+                                + (f"best: {fmt_ms(best['median_ms'])} (program {best['program_id']})"
                                    if best and best.get("median_ms") is not None else "best: -"))
             for view in (self.lineage, self.latency, self.cells, self.ledger, self.reasoning, self.slots):
                 view.refresh()

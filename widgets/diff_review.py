@@ -80,6 +80,7 @@ class DiffReview(W.VBox):
         self.edit = W.Button(description="Edit", icon="edit")
         self.editor = W.Textarea(value=proposal.get("code") or "", layout=W.Layout(width="100%", height="300px",
                                                                                    display="none"))
+        self.editor.add_class("cuco-edit-code")  # the page finds this proposal's editor, not another textarea
         self.submit_edit = W.Button(description="Submit edit", button_style="info",
                                     layout=W.Layout(display="none"))
         self.status = W.HTML("")

@@ -1,5 +1,7 @@
 """EvalCell: launch an evaluation on N ranks from a cell that returns at once, with per-rank progress, the
-cascade level reached, a log tail and a pandas table of every result in this cell.
+cascade level reached, a one-line summary (the full log tail folded under it: compiler command lines and the
+ranks' warnings read as alarms when shown raw) and a pandas table of every result in this cell, scrolled
+sideways inside the output rather than cut at its edge.
 
 When the evaluator replays recordings it knows which configurations were measured (`configs(workload_dir)`):
 those are offered first, in a "recorded" menu that sets ranks, backend and sizes, and the first is chosen."""
@@ -18,10 +20,10 @@ from cuco_kit.evaluate.recordings import RecordedConfig
 from cuco_kit.report import claim, ratio_text
 from cuco_kit.workload import load_workload
 
-from ._common import Throttle, badge_html, esc, fmt_ms, provenance_detail
+from ._common import Throttle, badge_html, esc, fmt_ms, provenance_detail, short
 from .views import TimelineView
 
-REASON_CHARS = 60
+REASON_CHARS = 40
 
 
 class EvalCell(W.VBox):
@@ -59,7 +61,12 @@ class EvalCell(W.VBox):
         self.button.on_click(lambda _: self.run())
         self.level = W.HTML("<i>idle</i>")
         self.bars = W.VBox()
+        self.summary = W.HTML()  # one line: the latest message, or the result's reason
+        self.summary.add_class("cuco-eval-summary")
         self.log_view = W.HTML()
+        self.log_box = W.Accordion([self.log_view], selected_index=None)
+        self.log_box.set_title(0, "full log")
+        self.log_box.layout.display = "none"
         self.table = W.HTML()
         self.timeline_box = W.VBox()  # the kernel timeline of the latest passing evaluation, when it has one
         self.results: list[dict[str, Any]] = []
@@ -69,7 +76,7 @@ class EvalCell(W.VBox):
         self._refresh = Throttle(self._render, interval)
         super().__init__([self.recorded,
                           W.HBox([self.candidate, self.ranks, self.backend, self.preset, self.button]),
-                          self.level, self.bars, self.log_view, self.table, self.timeline_box])
+                          self.level, self.bars, self.summary, self.log_box, self.table, self.timeline_box])
 
     def _recorded(self, evaluator: Evaluator, presets: dict[str, dict[str, int]]
                   ) -> list[tuple[RecordedConfig, str]]:
@@ -140,8 +147,13 @@ class EvalCell(W.VBox):
         with self._lock:
             self.results.append(row)
             self._state["level"] = f"{res.level_reached}: {res.verdict}"
-            self._state["lines"] = (self._state["lines"] + [res.reason] +
-                                    [t[-400:] for t in res.logs.values()])[-12:]
+            self._state["lines"] = (self._state["lines"] + [t[-400:] for t in res.logs.values()] +
+                                    ([res.reason] if res.reason else []))[-12:]
+            self._state["summary"] = (f"{res.level_reached}: {res.verdict}"
+                                      + (f", median {fmt_ms(res.median_ms)}" if res.median_ms is not None else "")
+                                      + (f", {ratio_text(res.speedup, res.speedup_ci)} the seed"
+                                         if res.speedup is not None else "")
+                                      + (f": {res.reason}" if res.reason else ""))
             self._state["badge"] = (res.badge, provenance_detail(res.provenance))
         self.button.disabled = False
         if res.timeline:
@@ -164,20 +176,33 @@ class EvalCell(W.VBox):
             bars.append(W.HBox([W.IntProgress(value=done, max=max(total, 1), description=f"rank {rank}"),
                                 W.HTML(esc(step))]))
         self.bars.children = bars
+        lines = st["lines"]
+        last = st.get("summary") or (lines[-1] if lines else "")
+        self.summary.value = f"<div style='font-size:12px'>{esc(last)}</div>" if last else ""
         self.log_view.value = ("<pre style='font-size:10px;max-height:160px;overflow:auto'>"
-                          + esc("\n".join(st["lines"])) + "</pre>") if st["lines"] else ""
+                               + esc("\n".join(lines)) + "</pre>") if lines else ""
+        self.log_box.set_title(0, f"full log ({len(lines)} line(s))")
+        self.log_box.layout.display = "" if lines else "none"
         self.table.value = self._table_html(rows) if rows else ""
 
     def _table_html(self, rows: list[dict[str, Any]]) -> str:
-        df = self.frame(rows).copy()
-        for col in ("median_ms", "spread_ms", "seed_ms", "device_ms", "e2e_ms"):
-            df[col] = df[col].map(fmt_ms)
-        df["speedup"] = [ratio_text(None if x is None or x != x else x, ci)  # with its interval and claim
-                         for x, ci in zip(df["speedup"], df["speedup_ci"])]
-        df["reason"] = df["reason"].map(lambda r: (str(r)[:REASON_CHARS] + "...") if len(str(r)) > REASON_CHARS
-                                        else r)  # the whole reason is in the log above
-        return df.drop(columns=["speedup_ci", "claim", "flagged", "gpu"]).to_html(index=False, escape=True,
-                                                                                 na_rep="-", border=0)
+        table = self.table_frame(rows).to_html(index=False, escape=True, na_rep="-", border=0)
+        return f"<div class='cuco-eval-table' style='overflow-x:auto;max-width:100%;font-size:12px'>{table}</div>"
+
+    def table_frame(self, rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
+        """The results as the cell's table shows them: what a reader compares, narrow enough for the notebook
+        (device and end-to-end times, the spread and the full reason are in `frame()` and the log)."""
+        df = self.frame(rows)
+        if df.empty:
+            return df
+        out = df[["candidate", "ranks", "backend", "sizes", "level", "verdict"]].copy()
+        out["median"] = df["median_ms"].map(fmt_ms)
+        out["seed"] = df["seed_ms"].map(fmt_ms)
+        out["speed-up"] = [ratio_text(None if x is None or x != x else x, ci)  # with its interval and claim
+                           for x, ci in zip(df["speedup"], df["speedup_ci"])]
+        out["badge"] = df["badge"]
+        out["reason"] = df["reason"].map(lambda r: short(str(r or ""), REASON_CHARS) or "-")
+        return out
 
     def frame(self, rows: list[dict[str, Any]] | None = None) -> pd.DataFrame:
         return pd.DataFrame(self.results if rows is None else rows)

@@ -91,6 +91,7 @@ class DraftReview(W.VBox):
         self.status = W.HTML()
         self.box = W.VBox()
         super().__init__([W.HTML(f"<b>The LLM's {kind}</b>"), self.status, self.note, self.box])
+        self.add_class(f"cuco-draft-{kind}")
         self.propose()
 
     def propose(self, note: str = "") -> Draft:

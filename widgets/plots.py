@@ -21,13 +21,14 @@ from cuco_kit.store import Store
 
 from ._common import badge_html, esc, fmt_ms
 from .figure_box import FigureBox
+from .program_detail import program_detail_html
 
 NO_PROGRAM = "choose a program to see its diff and numbers"
 _FAIL_SYMBOL = {"L0": "x", "L1": "x-thin", "L2": "triangle-down", "L3": "square-x"}
 
 
 def _hover(row: pd.Series) -> str:
-    parts = [f"#{row['program_id']} {esc(row['name'] or '')}", f"source: {esc(row['source'])}",
+    parts = [f"program {row['program_id']}: {esc(row['name'] or '')}", f"source: {esc(row['source'])}",
              f"verdict: {esc(row['verdict'])} at {esc(row['level_reached'])}"]
     if pd.notna(row["median_ms"]):
         kind = row.get("timing")
@@ -75,15 +76,24 @@ class LineageTree(_RunView):
 
     title = "Lineage (colour: speed-up vs seed)"
 
-    def __init__(self, store: Store, run_id: int) -> None:
+    def __init__(self, store: Store, run_id: int, *, detail: bool = True) -> None:
         self._select_callbacks: list[Callable[[int], None]] = []
         self.positions: dict[int, tuple[float, float]] = {}
         self._quiet = False
         self.picker = W.Dropdown(options=[(NO_PROGRAM, None)], value=None, description="program",
                                  layout=W.Layout(width="420px"))
         self.picker.observe(self._picked, names="value")
+        # The chosen program's diff and numbers, under the menu that promises them; `detail=False` when the
+        # caller (the dashboard) shows them itself.
+        self.detail = W.HTML()
+        if detail:
+            self.on_select(self.show_program)
         super().__init__(store, run_id)
-        self.children = (self.badge, self.picker, self.fig)
+        self.children = (self.badge, self.picker, self.detail, self.fig) if detail else \
+            (self.badge, self.picker, self.fig)
+
+    def show_program(self, program_id: int) -> None:
+        self.detail.value = program_detail_html(self.store, program_id)
 
     def on_select(self, fn: Callable[[int], None]) -> None:
         self._select_callbacks.append(fn)
@@ -151,7 +161,7 @@ class LineageTree(_RunView):
     def _programs(self, last: pd.DataFrame) -> None:
         """The menu lists every program drawn, keeping the one chosen; setting it selects nothing."""
         options = [(NO_PROGRAM, None)] + [
-            (f"#{int(r['program_id'])} {str(r['name'] or '')[:48]} ({r['verdict'] or r['status']})",
+            (f"program {int(r['program_id'])}: {str(r['name'] or '')[:48]} ({r['verdict'] or r['status']})",
              int(r["program_id"])) for _, r in last.sort_values("program_id").iterrows()]
         if options != list(self.picker.options):
             chosen = self.picker.value

@@ -156,12 +156,13 @@ class FailureView(W.HTML):
     """What failed in a run, by level and reason (`cuco_kit.report.failure_table` of its frame), or one line
     saying there were no failures, instead of an empty header row."""
 
-    def __init__(self, frame: pd.DataFrame) -> None:
+    def __init__(self, frame: pd.DataFrame, *, run: str = "run") -> None:
+        """`run`: what the frame is, for the empty line ("recorded run" for a replayed recording)."""
         table = failure_table(frame)
         self.table = table
         if table.empty:
             n = len(frame)
-            value = (f"<div class='cuco-empty' style='color:#555'><i>no failures in this run ({n} evaluation"
+            value = (f"<div class='cuco-empty' style='color:#555'><i>no failures in this {run} ({n} evaluation"
                      f"{'s' if n != 1 else ''}, all passed or unavailable)</i></div>")
         else:
             value = table.to_html(index=False, escape=True, na_rep="-", border=0)

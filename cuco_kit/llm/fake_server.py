@@ -11,8 +11,10 @@ the stdlib http.server in a background thread, so the real `openai` client is ex
         assert len(srv.chat_requests()) == 2
 
 Script entries are used in order, except that an entry with `match` is used first for a request whose LAST
-user message contains that substring. Each entry answers `times` requests (0 = any number). When nothing in
-the script fits, the server answers HTTP 400 "fixture script exhausted" (not retried, so a test fails fast).
+user message contains that substring (every one of them, for a list), and an entry with `absent` only for one
+that does not contain it (a first attempt's answer is `absent` the retry prompt's wording). Each entry answers
+`times` requests (0 = any number). When nothing in the script fits, the server answers HTTP 400 "fixture script
+exhausted" (not retried, so a test fails fast).
 
 Behaviours (`kind`): "text" (normal answer), "truncated" (finish_reason "length"), "rate_limit" (HTTP 429 with
 Retry-After), "server_error" (HTTP `status`, 500 by default), "delay" (answers `text` after `delay_s`, for
@@ -58,7 +60,8 @@ class Scripted:
     name: str
     kind: str = "text"
     text: str = ""
-    match: str | None = None  # substring of the last user message that selects this entry
+    match: str | list[str] | None = None  # substring(s) of the last user message that select this entry
+    absent: str | None = None  # a substring the last user message must not contain for this entry to answer
     times: int = 1  # requests it answers; 0 = unlimited
     status: int = 500  # for kind "server_error"
     retry_after_s: float = 1.0  # for kind "rate_limit"
@@ -73,25 +76,33 @@ class Scripted:
         if self.kind == "server_error" and not 500 <= self.status <= 599:
             raise ValueError(f"fixture {self.name!r}: server_error status must be 5xx, got {self.status}")
 
+    def fits(self, last_user: str) -> bool:
+        """Whether this entry may answer a request whose last user message is `last_user`."""
+        if self.absent is not None and self.absent in last_user:
+            return False
+        needles = [self.match] if isinstance(self.match, str) else list(self.match or [])
+        return all(n in last_user for n in needles)
+
     @property
     def exhausted(self) -> bool:
         return self.times != 0 and self.used >= self.times
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Scripted:
-        known = {"name", "kind", "text", "match", "times", "status", "retry_after_s", "delay_s"}
+        known = {"name", "kind", "text", "match", "absent", "times", "status", "retry_after_s", "delay_s"}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"fixture {d.get('name')!r}: unknown keys {sorted(unknown)}; known: {sorted(known)}")
         return cls(**d)
 
 
-def answer(name: str, text: str, *, match: str | None = None, times: int = 1) -> Scripted:
-    return Scripted(name, "text", text, match, times)
+def answer(name: str, text: str, *, match: str | list[str] | None = None, times: int = 1,
+           absent: str | None = None) -> Scripted:
+    return Scripted(name, "text", text, match, absent, times)
 
 
 def truncated(name: str, text: str, *, match: str | None = None, times: int = 1) -> Scripted:
-    return Scripted(name, "truncated", text, match, times)
+    return Scripted(name, "truncated", text, match, times=times)
 
 
 def rate_limit(name: str, *, retry_after_s: float = 1.0, match: str | None = None, times: int = 1) -> Scripted:
@@ -103,7 +114,7 @@ def server_error(name: str, *, status: int = 500, match: str | None = None, time
 
 
 def slow(name: str, text: str, *, delay_s: float, match: str | None = None, times: int = 1) -> Scripted:
-    return Scripted(name, "delay", text, match, times, delay_s=delay_s)
+    return Scripted(name, "delay", text, match, times=times, delay_s=delay_s)
 
 
 def malformed(name: str, *, match: str | None = None, times: int = 1) -> Scripted:
@@ -117,8 +128,8 @@ def unauthorized(name: str, *, match: str | None = None, times: int = 1) -> Scri
 def pick(script: list[Scripted], last_user: str) -> Scripted | None:
     """The entry that answers a request whose last user message is ``last_user`` (counted as used): the first
     live entry whose ``match`` it contains, else the first live entry without one; None when none is left."""
-    live = [e for e in script if not e.exhausted]
-    entry = next((e for e in live if e.match is not None and e.match in last_user), None)
+    live = [e for e in script if not e.exhausted and e.fits(last_user)]
+    entry = next((e for e in live if e.match is not None), None)
     if entry is None:
         entry = next((e for e in live if e.match is None), None)
     if entry is not None:

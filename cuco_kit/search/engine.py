@@ -399,7 +399,8 @@ class SearchEngine:
             seed_path = wl.seed_for(cfg.backend)
         except BadInput as exc:
             seed_path = None
-            self._log(f"{exc}: speed-ups come from the evaluator's own seed measurement only", "warning")
+            # expected for an imported workload (one host-NCCL seed): information, not a warning on stderr
+            self._log(f"{exc}: speed-ups come from the evaluator's own seed measurement only")
         roots: list[tuple[str, str, str]] = []
         if seed_path is not None:
             roots.append(("seed", f"seed ({cfg.backend})", seed_path.read_text(encoding="utf-8")))

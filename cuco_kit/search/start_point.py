@@ -78,7 +78,9 @@ def read_baseline(workload: Workload) -> str:
     """The workload's baseline, checked like a ``--from`` file (`read_start`); BadInput when it has none."""
     if not workload.baseline:
         raise BadInput(f"workload {workload.name}: no baseline (the device-initiated program with the knob block) "
-                       "to start the search from; set Workload.baseline")
+                       "to start the search from; pass --from RESULT.cu, the fast path's annotated result "
+                       "(cuco fastpath DIR/seed_nccl.cu --workload DIR --out RESULT.cu), or set Workload.baseline "
+                       "in workload.py")
     return read_start(workload.path(workload.baseline), f"workload {workload.name}: baseline", BASELINE_HINT)
 
 

@@ -82,6 +82,18 @@ def _settled_pending(page: Any, timeout_s: float = 60) -> int:
     return seen[-1]
 
 
+TABLES_FIT_JS = """() => Array.from(document.querySelectorAll('.jp-OutputArea table.dataframe')).map(t => {
+  const o = t.closest('.jp-OutputArea-output').getBoundingClientRect(), b = t.getBoundingClientRect();
+  return [b.width === 0 || (b.left >= o.left - 1 && b.right <= o.right + 1), Math.round(b.right),
+          Math.round(o.right)]; })"""  # a folded (hidden) table has no box, so nothing of it is cut
+
+
+def _tables_fit(page: Any) -> None:
+    """Every pandas table lies inside its output area at 1280 px: no column cut at the right edge."""
+    fit = page.evaluate(TABLES_FIT_JS)
+    assert fit and all(f[0] for f in fit), f"tables wider than the notebook ([fits, right, output right]): {fit}"
+
+
 def test_00_quickstart_run_all(lab: Any):
     page = lab.open("00_quickstart.ipynb")
     try:
@@ -93,6 +105,17 @@ def test_00_quickstart_run_all(lab: Any):
         assert counts["plots"] >= 3 and counts["lineage"], counts
         text = page.inner_text("body")
         assert "no failures in this run" in text or "level_reached" in text
+        # The lineage's menu does what its label promises: the chosen program's numbers and its diff.
+        programs = page.evaluate(OPTIONS_JS, "program")
+        assert programs and len(programs) >= 2 and programs[0].startswith("choose a program"), programs
+        menu = page.locator(".jp-OutputArea .widget-dropdown", has=page.locator("label", has_text=re.compile(
+            "^program$"))).locator("select").first
+        menu.select_option(index=len(programs) - 1)
+        detail = page.locator(".cuco-program-detail").first
+        detail.wait_for(state="visible", timeout=30_000)
+        chosen = re.match(r"program (\d+):", programs[-1])
+        assert chosen and f"program {chosen.group(1)}:" in detail.inner_text()
+        assert "verdict" in detail.inner_text() and detail.locator(".cuco-diff").count() == 1
         lab.shot(page, "00_quickstart", at=".js-plotly-plot")
     finally:
         lab.close(page)
@@ -120,9 +143,29 @@ def test_02_search_queue_stop_and_rerun(lab: Any):
         assert page.locator(".cuco-diff").count() == 0
         for name in ("Approve all", "Reject all", "manual", "automatic"):
             assert page.locator(".jp-OutputArea button", has_text=name).count() >= 1, name
-        page.locator(".jp-OutputArea button", has_text="diff").first.click()
-        page.locator(".cuco-diff").first.wait_for(state="visible", timeout=30_000)
-        page.locator(".jp-OutputArea button", has_text="diff").first.click()  # collapses again
+        # Proposals and programs are numbered apart: "proposal #N" in the queue, "program N" in the lineage.
+        rows = page.locator(".cuco-queue-row")
+        assert re.search(r"^proposal #\d+ ", rows.first.inner_text(), re.M), rows.first.inner_text()
+        programs = page.evaluate(OPTIONS_JS, "program")
+        assert programs and all(o.startswith("program ") for o in programs[1:]), programs
+
+        # Expanding a diff keeps every row whole (the list scrolls; no row squashed under another) and Edit /
+        # Submit edit take a real mouse click (Playwright refuses to click a button something else covers).
+        first = rows.first
+        first.locator("button", has_text="diff").click()
+        first.locator(".cuco-diff").wait_for(state="visible", timeout=30_000)
+        boxes = page.evaluate("() => Array.from(document.querySelectorAll('.cuco-queue-row')).map(r => {"
+                              " const b = r.getBoundingClientRect(); return [b.top, b.bottom]; })")
+        assert all(bottom - top >= 24 for top, bottom in boxes), boxes
+        assert all(boxes[i][1] <= boxes[i + 1][0] + 1 for i in range(len(boxes) - 1)), boxes  # no overlap
+        assert boxes[0][1] - boxes[0][0] > 150, boxes  # the open diff is drawn, not cut after two lines
+        _exact_button(first, "Edit").click()
+        editor = first.locator(".cuco-edit-code textarea")
+        editor.wait_for(state="visible", timeout=30_000)
+        editor.fill(editor.input_value() + "// edited in the browser\n")
+        _exact_button(first, "Submit edit").click()
+        page.wait_for_function(f"() => ({PENDING_JS})() < {pending_before}", timeout=30_000)
+        pending_before = _settled_pending(page)
 
         approve.click()
         page.wait_for_function(f"() => ({PENDING_JS})() < {pending_before}", timeout=30_000)  # it responded
@@ -132,7 +175,8 @@ def test_02_search_queue_stop_and_rerun(lab: Any):
             page.wait_for_function(f"() => ({PLOT_COUNTS_JS})().latency > {before['lineage']}", timeout=30_000)
         page.locator(".jp-OutputArea", has_text="decisions and their outcomes").first.locator(
             "text=decisions and their outcomes").first.click()
-        page.wait_for_function("() => /approved/.test(document.body.innerText)", timeout=30_000)
+        page.wait_for_function("() => /approved/.test(document.body.innerText) && "
+                               "/proposal #\\d+\\s+\\S.*edited/.test(document.body.innerText)", timeout=30_000)
         _no_real_badges(page)
         lab.shot(page, "02_search-queue", at=".jp-OutputArea button >> text=Approve all")
 
@@ -155,6 +199,7 @@ def test_02_search_queue_stop_and_rerun(lab: Any):
         page.wait_for_function("() => document.body.innerText.includes('the controls are off')", timeout=30_000)
         controls = page.evaluate(CONTROLS_JS)
         assert controls and all(c["disabled"] for c in controls), controls
+        assert page.inner_text("body").count("the controls are off") == 1  # the stop reason, said once
         assert all("stopped" in c["title"] for c in controls if c["name"] in ("Pause", "Resume", "Stop"))
         assert lab.red_boxes(page) == []
         lab.shot(page, "02_search-stopped", at=".cuco-disabled-reason")
@@ -177,6 +222,12 @@ def test_03_multi_gpu_eval_button_stays_usable(lab: Any):
         page.wait_for_function(f"() => document.querySelectorAll('.jp-OutputArea table.dataframe tbody tr')"
                                f".length > {before}", timeout=60_000)
         _no_real_badges(page)
+        # A replayed result reads as one line; its raw log (compiler command lines, the ranks' warnings) is folded
+        # away, and the results table is drawn whole inside the notebook.
+        text = page.inner_text("body")
+        assert "waitForInput" not in text and "$ " + "nvcc" not in text and "-gencode" not in text, text[-2000:]
+        assert re.match(r"L\d: \w+", page.locator(".cuco-eval-summary").first.inner_text().strip())
+        _tables_fit(page)
         # The "recorded" menu offers exactly what the committed recordings hold, and a configuration outside
         # them says which ones are recorded.
         recorded = page.evaluate(OPTIONS_JS, "recorded")
@@ -191,7 +242,7 @@ def test_03_multi_gpu_eval_button_stays_usable(lab: Any):
                 index=page.evaluate(OPTIONS_JS, label).index(value))
         button.click()
         page.wait_for_function("() => document.body.innerText.includes('recorded nearby')", timeout=60_000)
-        log = page.locator(".jp-OutputArea pre", has_text="recorded nearby").first.inner_text()
+        log = page.locator(".cuco-eval-summary", has_text="recorded nearby").first.inner_text()
         assert "2 ranks, symm" in log and all(c in log for c in held), log
         lab.shot(page, "03_multi_gpu_eval", at=".jp-OutputArea button >> text=Evaluate")
     finally:
@@ -204,9 +255,14 @@ def test_04_run_analysis_says_what_failed_or_that_nothing_did(lab: Any):
         lab.run_all(page)
         assert lab.red_boxes(page) == []
         text = page.inner_text("body")
-        assert "no failures in this run" in text or "level_reached" in text
+        assert "no failures in this recorded run" in text or "level_reached" in text
         assert page.evaluate(PLOT_COUNTS_JS)["plots"] >= 2
         _no_real_badges(page)
+        # The run frame's badge column says where its numbers come from, as the badges above do.
+        cells = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea table.dataframe td'))"
+                              ".map(td => td.innerText.trim())")
+        assert "real" not in cells and any(c.startswith("replayed (") for c in cells), cells[:40]
+        _tables_fit(page)
         lab.shot(page, "04_run_analysis")
     finally:
         lab.close(page)
@@ -223,19 +279,45 @@ def test_05_teaching_chunk_slider_moves_model_and_measurement(lab: Any):
         handle.press("ArrowRight")
         page.wait_for_function("() => document.body.innerText.includes('model at 5 chunks')", timeout=30_000)
         assert page.evaluate(PLOT_COUNTS_JS)["plots"] >= 2
+        # Every plot lies inside the notebook at 1280 px (the side-by-side pair was cut at the right).
+        fit = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot')).map(p => {"
+                            " const o = p.closest('.jp-OutputArea-output').getBoundingClientRect(),"
+                            " b = p.getBoundingClientRect(); return [b.width === 0 || b.right <= o.right + 1,"
+                            " Math.round(b.right), Math.round(o.right)]; })")
+        assert fit and all(f[0] for f in fit), fit
         _no_real_badges(page)
         lab.shot(page, "05_teaching", at=".widget-slider")
     finally:
         lab.close(page)
 
 
-def test_01_fast_path_run_all(lab: Any):
+def test_01_fast_path_reject_gets_a_retry_and_a_final_candidate(lab: Any):
+    """01_fast_path without an LLM: a Reject on Stage A gets Stage A's retry answer (not the next stage's), the
+    fast path passes after three approvals, and the last cell names the final candidate."""
     page = lab.open("01_fast_path.ipynb")
+    waiting = "() => document.body.innerText.includes('stage {}, attempt {}: waiting for your decision')"
     try:
         lab.run_all(page, timeout_s=300)
         assert lab.red_boxes(page) == []
         _no_real_badges(page)
-        lab.shot(page, "01_fast_path")
+        stepper = page.locator(".cuco-fastpath-stepper").last
+        page.wait_for_function(waiting.format("A", 1), timeout=120_000)
+        stepper.get_by_placeholder("why you reject this attempt").fill("keep the host collectives")
+        _exact_button(stepper, "Reject").click()
+        page.wait_for_function(waiting.format("A", 2), timeout=120_000)
+        assert "FIXTURE retry answer" in stepper.inner_text()  # Stage A's retry, not the Stage B answer
+        for stage in ("B", "annotate"):
+            _exact_button(stepper, "Approve").click()
+            page.wait_for_function(waiting.format(stage, 1), timeout=120_000)
+        _exact_button(stepper, "Approve").click()
+        page.wait_for_function("() => document.body.innerText.includes('fast path passed')", timeout=120_000)
+        assert stepper.get_by_placeholder("why you reject this attempt").count() == 0 or \
+            not stepper.get_by_placeholder("why you reject this attempt").is_visible()  # no stale note field
+        page.evaluate(RUN_CELL_WITH_JS, "display(LedgerView(fp.store")
+        page.wait_for_function("() => /final candidate: \\d+ lines; blocks: \\S/.test(document.body.innerText)",
+                               timeout=60_000)
+        assert lab.red_boxes(page) == []
+        lab.shot(page, "01_fast_path", at=".cuco-fastpath-stepper")
     finally:
         lab.close(page)
 
@@ -254,47 +336,79 @@ LINEAGE_TRACES_JS = """() => {
 }"""
 
 
-def test_06_your_kernel_reject_edit_approve_then_search_from_the_result(lab: Any):
-    """06_your_kernel: reject Stage A's first attempt with a note, edit the second, approve the rest, and see the
-    search start from the approved result with the fast-path stages as the lineage's first nodes."""
+def _exact_button(scope: Any, label: str) -> Any:
+    """The last enabled, visible button labelled exactly `label` inside `scope` (a page or a locator)."""
+    return scope.locator("button:enabled:visible").filter(has_text=re.compile(f"^\\s*{label}\\s*$")).last
+
+
+def test_06_your_kernel_stops_at_each_review_then_reject_edit_approve_and_search(lab: Any):
+    """06_your_kernel: Run All stops at the reviews (the folder check and the fast path say what to approve and
+    which cells to run again); reject the port draft that drops a buffer, approve the next and the reference, run
+    the two cells again; then reject Stage A's first attempt with a note, edit the second, approve the rest, and
+    see the search start from the approved result with the fast-path stages as the lineage's first nodes."""
     page = lab.open("06_your_kernel.ipynb")
     waiting = "() => document.body.innerText.includes('stage {}, attempt {}: waiting for your decision')"
+
+    def wait_for(js: str, timeout_s: float) -> None:
+        try:
+            page.wait_for_function(js, timeout=timeout_s * 1000, polling=500)
+        except PlaywrightTimeout:
+            lab.shot(page, "06_your_kernel-timeout")
+            state = page.locator(".cuco-fastpath-stepper").last.inner_text() \
+                if page.locator(".cuco-fastpath-stepper").count() else "(no stepper)"
+            raise AssertionError(f"{js} did not happen in {timeout_s:.0f} s; the stepper says: {state!r}; red "
+                                 f"boxes: {lab.red_boxes(page)}") from None
+
     try:
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        lab.run_all(page)
+        text = page.inner_text("body")
+        assert text.count("waiting for your review: approve the LLM's port (section 3) and the torch reference "
+                          "(section 4) above") == 2, text[-3000:]
+        assert "then run this cell and section 6 again" in text and "then run section 5 and this cell again" in text
+        assert page.locator(".cuco-fastpath-stepper").count() == 0 and "stage A, attempt" not in text
 
-        def button(label: str) -> Any:
-            exact = re.compile(f"^\\s*{label}\\s*$")
-            return page.locator(".jp-OutputArea button:enabled:visible").filter(has_text=exact).last
+        port, reference = page.locator(".cuco-draft-port"), page.locator(".cuco-draft-reference")
+        port.get_by_placeholder("why you reject it").fill("look every tensor of the plan up with cuco_tensor")
+        _exact_button(port, "Reject").click()
+        port.locator("text=checks passed").wait_for(timeout=60_000)
+        _exact_button(port, "Approve").click()
+        port.locator("text=accepted: written").wait_for(timeout=60_000)
+        _exact_button(reference, "Approve").click()
+        reference.locator("text=accepted: written").wait_for(timeout=60_000)
+        page.evaluate(RUN_CELL_WITH_JS, "print(session.check().text())")
+        page.evaluate(RUN_CELL_WITH_JS, "stepper = FastPathStepper(fp")
 
-        page.wait_for_function(waiting.format("A", 1), timeout=240_000)
-        page.get_by_placeholder("why you reject this attempt").fill("keep the harness stream for the step")
-        button("Reject").click()
+        wait_for(waiting.format("A", 1), 180)
+        stepper = page.locator(".cuco-fastpath-stepper").last
+        stepper.get_by_placeholder("why you reject this attempt").fill("keep the harness stream for the step")
+        _exact_button(stepper, "Reject").click()
 
-        page.wait_for_function(waiting.format("A", 2), timeout=120_000)
-        button("Edit").click()
-        editor = page.locator(".jp-OutputArea textarea:visible").last
+        wait_for(waiting.format("A", 2), 120)
+        _exact_button(stepper, "Edit").click()
+        editor = stepper.locator(".cuco-edit-code textarea:visible")  # this attempt's editor, no other textarea
+        editor.wait_for(state="visible", timeout=30_000)
+        assert "cuco_step" in editor.input_value()
         editor.fill(editor.input_value() + "// reviewed in the browser\n")
-        button("Submit edit").click()
+        _exact_button(stepper, "Submit edit").click()
 
-        page.wait_for_function(waiting.format("B", 1), timeout=240_000)
-        assert "rejected" in page.inner_text("body") and "(human" in page.inner_text("body")
-        button("Approve").click()
-        page.wait_for_function(waiting.format("annotate", 1), timeout=240_000)
-        button("Approve").click()
+        wait_for(waiting.format("B", 1), 180)
+        history = stepper.inner_text()
+        assert "rejected" in history and "(human)" in history and "pass" in history, history
+        _exact_button(stepper, "Approve").click()
+        wait_for(waiting.format("annotate", 1), 180)
+        _exact_button(stepper, "Approve").click()
 
-        page.wait_for_function("() => document.body.innerText.includes('Search started from the approved "
-                               "result')", timeout=240_000)
+        wait_for("() => document.body.innerText.includes('Search started from the approved result')", 180)
         page.locator(".js-plotly-plot").first.scroll_into_view_if_needed(timeout=60_000)
-        page.wait_for_function(f"() => {{ const t = ({LINEAGE_TRACES_JS})(); return t && "
-                               "t['fast-path stage'] >= 2 && (t['passed'] || 0) >= 1; }", timeout=120_000,
-                               polling=500)
+        wait_for(f"() => {{ const t = ({LINEAGE_TRACES_JS})(); return t && "
+                 "t['fast-path stage'] >= 2 && (t['passed'] || 0) >= 1; }", 120)
         lab.shot(page, "06_your_kernel", at=".js-plotly-plot")
         if page.evaluate("() => document.body.innerText.includes('state: running')"):
-            button("Stop").click()
-        page.wait_for_function("() => document.body.innerText.includes('state: stopped') || "
-                               "document.body.innerText.includes('state: finished')", timeout=60_000)
+            _exact_button(page, "Stop").click()
+        wait_for("() => document.body.innerText.includes('state: stopped') || "
+                 "document.body.innerText.includes('state: finished')", 60)
         # Ended, by Stop or by its budget: the dashboard's controls are off and say why.
-        page.wait_for_function("() => document.body.innerText.includes('the controls are off')", timeout=30_000)
+        wait_for("() => document.body.innerText.includes('the controls are off')", 30)
         assert lab.red_boxes(page) == []
     finally:
         lab.close(page)

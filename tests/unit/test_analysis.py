@@ -336,3 +336,26 @@ def test_allgather_seed_copy_exact():
          "slice_bytes", "ctx->stream", True, True)]
     f = rep.features()
     assert f["uses_copy_engine"] and not f["uses_host_comm"] and f["n_streams"] == 1
+
+
+def test_summary_counts_the_default_stream_apart_from_created_ones():
+    """A helper that takes the created stream, and a cudaMemset on the default stream: one stream, not two."""
+    code = """#include <nccl.h>
+#include <cuda_runtime.h>
+__global__ void k(float* x) { x[0] = 1; }
+void step(float* d, ncclComm_t comm, cudaStream_t s) {
+  k<<<1, 32, 0, s>>>(d);
+  ncclAllReduce(d, d, 16, ncclFloat, ncclSum, comm, s);
+}
+int main() {
+  cudaStream_t stream; cudaStreamCreate(&stream);
+  float* d; cudaMalloc(&d, 64);
+  cudaMemset(d, 0, 64);
+  ncclComm_t comm;
+  for (int i = 0; i < 3; ++i) step(d, comm, stream);
+}
+"""
+    first = analyze(code, "helper.cu").summary().splitlines()[0]
+    assert first.endswith("1 stream(s) and the default stream"), first
+    assert analyze(code.replace("  cudaMemset(d, 0, 64);\n", ""), "helper.cu").summary().splitlines()[0] \
+        .endswith(", 1 stream(s)")

@@ -253,7 +253,8 @@ CASES: dict[str, Case] = {
         "WORKLOAD = make(tensors=[TensorSpec('x', 'input', 'f32', shape=lambda p, w: (-p['N'],))])\n"))),
         "sizes must make every dimension positive"),
     "workload: no baseline": Case(lambda d: search(d, workload=wl(d, workload_py=wl_py(
-        "WORKLOAD = make(baseline=None)\n"))), "no baseline"),
+        "WORKLOAD = make(baseline=None)\n"))), "no baseline (the device-initiated program with the knob "
+        "block) to start the search from; pass --from RESULT.cu"),
     "baseline: missing": Case(lambda d: search(d, workload=wl(d, drop=("baseline.cu",))), "no such file"),
     "baseline: empty": Case(lambda d: search(d, workload=wl(d, baseline="")), "no EVOLVE blocks"),
     "baseline: binary": Case(lambda d: search(d, workload=wl(d, baseline=BINARY)), "is binary"),

@@ -126,8 +126,12 @@ def test_lineage_latency_cells_from_store(run_store):
     assert {v for _, v in tree.picker.options} == {None, *kids}  # every program evaluated
     tree.refresh()  # a redraw keeps the menu and selects nothing
     assert picked == [] and tree.picker.value is None
+    assert tree.detail.value == ""
     tree.picker.value = passed.customdata[0]
     assert picked == [passed.customdata[0]]
+    # the menu's promise: the chosen program's numbers and its diff against its parent, under the menu
+    assert f"program {passed.customdata[0]}:" in tree.detail.value and "cuco-diff" in tree.detail.value
+    assert "speed-up over the seed" in tree.detail.value
     shown = tree.fig.outputs[0]["data"]["application/vnd.plotly.v1+json"]  # strict JSON, as the browser gets it
     assert shown["layout"]["title"]["text"].startswith("Lineage") and json.dumps(shown, allow_nan=False)
 
@@ -263,7 +267,7 @@ def test_run_dashboard_queue_buttons_and_throttle(run_store):
     assert dash.events_seen == 50
     assert 1 <= dash._refresh.calls - before <= 3  # throttled: not once per event
     dash.lineage.select(kids[2])
-    assert f"#{kids[2]}" in dash.detail.value
+    assert f"program {kids[2]}:" in dash.detail.value and dash.lineage.detail.value == ""  # shown once
     dash.close()
 
 

@@ -103,8 +103,10 @@ def test_finished_run_without_recordings_runs_a_simulated_search(no_recordings: 
 
 def test_fastpath_fixtures_come_from_the_package():
     script = wb.fastpath_fixtures()
-    assert [f.name for f in script] == ["stage-a", "stage-b", "annotate", "judge"]
+    assert [f.name for f in script] == ["stage-a", "stage-a-retry", "stage-b", "stage-b-retry", "annotate",
+                                        "annotate-retry", "judge"]
     assert fixtures.load("gemm_stage_a.cu") in script[0].text and "FIXTURE answer" in script[0].text
+    assert "FIXTURE retry answer" in script[1].text
     with pytest.raises(CucoError, match="no fixture answer 'nope.cu'.*gemm_stage_a.cu"):
         fixtures.load("nope.cu")
 
