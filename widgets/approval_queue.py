@@ -18,6 +18,7 @@ from cuco_kit.evaluate.api import checked_against
 from cuco_kit.store import Store
 
 from ._common import esc
+from .budget_approval import BudgetApproval, outcome_cells, proposal_info_html
 from .diff_review import DiffReview
 
 # decide(proposal_id, decision, edited_code_or_None); returns an error line, or "" when the gate took it
@@ -61,6 +62,7 @@ class _Row(W.VBox):
         self.reject = W.Button(description="Reject", button_style="danger", icon="times",
                                layout=W.Layout(width="90px", flex="0 0 auto"))
         self.status = W.HTML("")
+        self.info = W.HTML("")  # the parent's overlap and the expected cost (widgets/budget_approval.py)
         self.verdict = ""  # what was decided here ("" while waiting)
         self.detail = W.VBox()
         self.review: DiffReview | None = None
@@ -68,7 +70,7 @@ class _Row(W.VBox):
         self.approve.on_click(lambda _: self.decide("approved"))
         self.reject.on_click(lambda _: self.decide("rejected"))
         super().__init__([W.HBox([self.expand, self.summary, self.approve, self.reject, self.status], layout=_ROW),
-                          self.detail], layout=W.Layout(border_bottom="1px solid #eee", padding="1px 0"))
+                          self.info, self.detail], layout=W.Layout(border_bottom="1px solid #eee", padding="1px 0"))
 
     def _toggle(self, open_: bool) -> None:
         self.expand.icon = "chevron-down" if open_ else "chevron-right"
@@ -114,6 +116,8 @@ class ApprovalQueue(W.VBox):
         self.note = W.HTML()
         self.list = W.VBox(layout=W.Layout(max_height="360px", overflow="auto"))
         self.history = W.HTML()
+        self.budget = BudgetApproval(store, run_id, lambda: [r.proposal for r in self.rows.values() if not r.verdict],
+                                     self._approve_one)
         self.mode.observe(lambda ch: self._set_mode(str(ch["new"])), names="value")
         self.approve_all.on_click(lambda _: self.decide_all("approved"))
         self.reject_all.on_click(lambda _: self.decide_all("rejected"))
@@ -122,12 +126,12 @@ class ApprovalQueue(W.VBox):
         history.selected_index = None
         self.history_box = history
         super().__init__([W.HBox([W.HTML("<b>Approval queue</b>"), self.count, self.mode, self.approve_all,
-                                  self.reject_all], layout=_ROW), self.note, self.list, history])
+                                  self.reject_all], layout=_ROW), self.budget, self.note, self.list, history])
         self.refresh()
 
     @property
     def controls(self) -> list[W.Widget]:
-        out: list[W.Widget] = [self.mode, self.approve_all, self.reject_all]
+        out: list[W.Widget] = [self.mode, self.approve_all, self.reject_all, *self.budget.controls]
         for row in self.rows.values():
             out += [row.approve, row.reject]
         return out
@@ -143,6 +147,13 @@ class ApprovalQueue(W.VBox):
         if self._on_change is not None:
             self._on_change()
         return ""
+
+    def _approve_one(self, proposal_id: int) -> str:
+        row = self.rows.get(proposal_id)
+        if row is None:
+            return "no longer waiting"
+        row.decide("approved")
+        return "" if row.verdict else "not approved (see its row)"
 
     def decide_all(self, decision: str) -> int:
         """Approve or reject every waiting proposal; returns how many were decided."""
@@ -174,6 +185,8 @@ class ApprovalQueue(W.VBox):
                 self.rows[pid] = _Row({**prop, "parent_code": parent["code"] if parent else ""}, self.decide)
                 if self.disabled_reason:
                     self.rows[pid].freeze("not decided", self.disabled_reason)
+        for pid in live:
+            self.rows[pid].info.value = proposal_info_html(self.store, self.run_id, self.rows[pid].proposal)
         for pid in [p for p in self.rows if p not in live]:
             del self.rows[pid]  # decided: it moves to the history
         self.list.children = [self.rows[pid] for pid in sorted(self.rows)]
@@ -188,10 +201,11 @@ class ApprovalQueue(W.VBox):
             return "<i>no decisions yet</i>"
         rows = "".join(
             f"<tr><td>#{p['id']}</td><td>{esc(str(p.get('name') or '')[:70])}</td><td>{esc(p.get('status'))}</td>"
-            f"<td>{esc(p.get('decided_by') or '-')}</td><td>{esc(_outcome(self.store, p.get('program_id')))}</td></tr>"
+            f"<td>{esc(p.get('decided_by') or '-')}</td><td>{esc(_outcome(self.store, p.get('program_id')))}</td>"
+            f"{outcome_cells(self.store, self.run_id, dict(p))}</tr>"
             for p in decided[-HISTORY_ROWS:][::-1])
         return ("<table style='font-size:12px'><tr><th>proposal</th><th>name</th><th>decision</th><th>by</th>"
-                f"<th>outcome</th></tr>{rows}</table>"
+                f"<th>outcome</th><th>overlap</th><th>cost</th></tr>{rows}</table>"
                 + (f"<i>latest {HISTORY_ROWS} of {len(decided)}</i>" if len(decided) > HISTORY_ROWS else ""))
 
     def disable(self, reason: str) -> None:

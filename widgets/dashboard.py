@@ -21,6 +21,7 @@ from cuco_kit.report import ratio_text
 
 from ._common import Throttle, esc, fmt_ms
 from .approval_queue import ApprovalQueue
+from .budget_approval import program_info_html
 from .diff_review import side_by_side_html
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
 from .reasoning import ReasoningPanel
@@ -118,6 +119,7 @@ class RunDashboard(W.VBox):
             if last else "not evaluated yet"
         self.detail.value = (f"<h4>#{program_id} {esc(p.get('name'))} ({esc(p.get('source'))})</h4>"
                              f"<div>{esc(p.get('rationale'))}</div><div>{metrics}</div>"
+                             + program_info_html(self.store, self.run_id, program_id)
                              + side_by_side_html(parent["code"] if parent else "", p["code"]))
         self.selected = program_id
 

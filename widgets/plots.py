@@ -38,6 +38,8 @@ def _hover(row: pd.Series) -> str:
         parts.append(f"speed-up vs seed: {ratio_text(row['speedup'], row['speedup_ci'])}")
     if isinstance(row.get("oracle"), str):
         parts.append(esc(checked_against(row["oracle"])))
+    if isinstance(row.get("overlap"), str):
+        parts.append(esc(row["overlap"]))
     if row["verdict"] != "pass" and row["reason"]:
         parts.append(f"reason: {esc(str(row['reason'])[:80])}")
     return "<br>".join(parts)

@@ -44,7 +44,7 @@ from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
 from cuco_kit.search.budget import BudgetConfig
-from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.config import TIMELINE_CHOICES, SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
@@ -81,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from", dest="from_result", metavar="RESULT.cu",
                         help="start from a fast-path result (its frozen bytes are the L0 parent, its knob block the "
                              "design space) instead of the workload's baseline")
+    parser.add_argument("--timeline", choices=list(TIMELINE_CHOICES), default="every",
+                        help="record each evaluation's per-rank kernel timeline (the overlap column; one more untimed "
+                             "profiled step per evaluation) or not")
     add_llm_arguments(parser, scope="run")
     add_model_arguments(parser)
     add_executor_arguments(parser)
@@ -254,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
+                          timeline=getattr(args, "timeline", "every"),
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models)
     if args.mutator == "offline":
