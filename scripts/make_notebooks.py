@@ -136,6 +136,19 @@ report.cell_summary(frame, top=8)
 FailureView(frame)
 """),
     md("""
+## 4. A run bundle
+
+A bundle is one file with a whole run (its database, where and when each number was measured, kernel
+timelines, LLM recordings), made with `cuco bundle RUN.sqlite -o run.cucobundle` wherever the run happened and
+opened here with no GPU and no LLM. Set `CUCO_BUNDLE` to its path before starting Jupyter, or type the path and
+press Open; its numbers are badged **replayed** with the GPU, driver and date they were measured on.
+"""),
+    code("""
+import os
+from cuco_kit.widgets import BundlePanel
+BundlePanel(os.environ.get("CUCO_BUNDLE", ""))
+"""),
+    md("""
 ## Next
 
 * **`06_your_kernel`: bring your own host-driven CUDA + NCCL program**: import it as a workload, review the

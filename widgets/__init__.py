@@ -5,6 +5,7 @@ escaped before it reaches HTML, and every view shows the data's badge (cuco_kit.
 simulated, fixture, model).
 """
 from .approval_queue import ApprovalQueue
+from .bundle_panel import BundlePanel
 from .chunk_explorer import ChunkExplorer
 from .dashboard import RunDashboard
 from .diff_review import DiffReview, side_by_side_html
@@ -15,6 +16,7 @@ from .reasoning import ReasoningPanel
 from .slots import SlotPanel
 from .views import AnalysisView, FailureView, LedgerView, TimelineView
 
-__all__ = ["AnalysisView", "ApprovalQueue", "Banner", "ChunkExplorer", "DesignSpaceMap", "DiffReview", "EvalCell",
+__all__ = ["AnalysisView", "ApprovalQueue", "Banner", "BundlePanel", "ChunkExplorer", "DesignSpaceMap", "DiffReview",
+           "EvalCell",
            "FailureView", "LatencyPlot", "LedgerView", "LineageTree", "ReasoningPanel", "RunDashboard", "SlotPanel",
            "TimelineView", "banner", "review_attempts", "short_errors", "side_by_side_html"]

@@ -1,9 +1,10 @@
 """What a proposal costs: LLM dollars and GPU seconds, expected before it is approved and actual after.
 
 Approving a proposal spends two things:
-- GPU seconds: its evaluation. Expected: the mean wall time of the run's last `CostConfig.recent_evaluations`
-  finished evaluations times the ranks each used; actual: its own evaluation's wall time times its ranks. Time
-  of a replayed or simulated evaluation is not GPU time, and is badged so.
+- GPU seconds: its evaluation. Expected: the mean time of the run's last `CostConfig.recent_evaluations`
+  finished evaluations times the ranks each used; actual: its own evaluation's time times its ranks (the
+  evaluator's `eval_seconds` when recorded, else start to finish in the store). Time of a replayed or simulated
+  evaluation was not spent on a GPU here, and is badged so.
 - LLM dollars: an LLM proposal that does not build goes back to its model for a repair (`build_repairs`). Expected:
   the share of the recent LLM programs that failed to build, times the tokens of one answer of that model (the
   mean of the run's recorded proposals of that model) priced with the table (`cuco_kit.llm.prices`); actual:
@@ -91,8 +92,12 @@ def _finished(store: Store, run_id: int) -> list[dict[str, Any]]:
 
 
 def gpu_seconds(evaluation: Mapping[str, Any]) -> float:
-    """Wall time of one finished evaluation times the ranks it held."""
-    return max(0.0, float(evaluation["finished_at"]) - float(evaluation["started_at"])) * int(evaluation["world_size"])
+    """Time of one finished evaluation times the ranks it held: the evaluator's own `eval_seconds` when its
+    provenance has it (a replayed one carries the recorded run's), else the store's start-to-finish wall time."""
+    recorded = (evaluation.get("provenance") or {}).get("eval_seconds")
+    wall = float(recorded) if isinstance(recorded, (int, float)) else \
+        float(evaluation["finished_at"]) - float(evaluation["started_at"])
+    return max(0.0, wall) * int(evaluation["world_size"])
 
 
 def expected_gpu(store: Store, run_id: int, n: int = 10) -> tuple[float | None, str, str]:
