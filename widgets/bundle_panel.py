@@ -1,7 +1,8 @@
 """BundlePanel: open a run bundle (cuco_kit.bundle) in a notebook, with no GPU and no LLM.
 
-A path field and an Open button; given a path (notebook 00 passes $CUCO_BUNDLE) it opens at once, so nothing
-waits for a click. What it draws is badged replayed, with the GPU, driver and date the run was measured on.
+A path field and an Open button (`load`: not `open`, which is ipywidgets' own and opens the widget's comm); given
+a path (notebook 00 passes $CUCO_BUNDLE) it opens at once, so nothing waits for a click. What it draws is
+badged replayed, with the GPU, driver and date the run was measured on.
 """
 from __future__ import annotations
 
@@ -22,15 +23,15 @@ class BundlePanel(W.VBox):
         self.status = W.HTML()
         self.views = W.VBox()
         self.opened: OpenedBundle | None = None
-        self.button.on_click(lambda _: self.open())
+        self.button.on_click(lambda _: self.load())
         super().__init__([W.HBox([self.path, self.button]), self.status, self.views])
         if path:
-            self.open()
+            self.load()
         else:
             self.status.value = ("<i>no bundle given: set CUCO_BUNDLE before starting Jupyter, or type a path "
                                  "(make one with <code>cuco bundle RUN.sqlite -o run.cucobundle</code>)</i>")
 
-    def open(self) -> OpenedBundle | None:
+    def load(self) -> OpenedBundle | None:
         path = self.path.value.strip()
         if not path:
             self.status.value = "<span style='color:#b71c1c'>type the path of a .cucobundle first</span>"

@@ -25,7 +25,8 @@ def test_00_opens_a_bundle_without_gpu(lab: Any):
     try:
         lab.run_all(page)
         field = page.locator(".jp-OutputArea input[placeholder='path/to/run.cucobundle']")
-        assert field.count() == 1
+        field.wait_for(timeout=60_000)
+        assert field.count() == 1 and "CUCO_BUNDLE" in page.inner_text("body")
         field.fill(str(bundle))
         page.locator(".jp-OutputArea button", has_text="Open").first.click()
         summary = page.locator(".cuco-bundle-summary")

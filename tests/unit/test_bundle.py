@@ -110,7 +110,7 @@ def test_cli_bundle_and_open(run_db, tmp_path, capsys):
 def test_bundle_panel_opens_and_badges(run_db, tmp_path):
     db, _ = run_db
     out = write_bundle(db, tmp_path / "p.cucobundle")
-    panel = BundlePanel(str(out))
+    panel = BundlePanel(str(out))  # opens at once
     assert panel.opened is not None and 'data-badge="replayed"' in panel.status.value
     assert "NVIDIA H200" in panel.status.value and len(panel.views.children) == 2
     empty = BundlePanel("")
