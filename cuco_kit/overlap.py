@@ -12,10 +12,11 @@ nothing to overlap, and a fraction there would be a made-up number.
 
 C, M and T come from the per-rank timeline an evaluation records (`EvalRequest.timeline`, rows {rank, iteration,
 stream, name, start_us, dur_us}): C and M are the lengths of the unions of the compute and communication kernels'
-intervals, T the span from the first to the last of them, per rank and profiled iteration. Which kernel is which
-is read from its name (`OverlapConfig`): a fused kernel that computes and communicates counts as communication,
-so its compute is invisible to this model and the fraction under-states it; the harness's own kernels (barrier,
-spin, hold, interference, L2 flush) are left out.
+intervals, T the span from the first to the last of them, per rank and profiled iteration, counting only kernels
+that start after the harness's last device barrier of that iteration (before it: the harness's input preparation).
+Which kernel is which is read from its name (`OverlapConfig`): a fused kernel that computes and communicates counts
+as communication, so its compute is invisible to this model and the fraction under-states it; the harness's own
+kernels (barrier, spin, hold, interference, L2 flush) are left out.
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ class OverlapConfig:
     def __post_init__(self) -> None:
         self._comm = re.compile("|".join(self.comm_patterns), re.IGNORECASE)
         self._harness = re.compile("|".join(self.harness_patterns), re.IGNORECASE)
+
+    def is_step_start(self, name: str) -> bool:
+        """The harness's device barrier: the last one of a profiled iteration ends right before the step."""
+        return "barrier_kernel" in name
 
     def kind(self, name: str) -> str:
         """'harness', 'comm' or 'compute' for a kernel name."""
@@ -108,13 +113,24 @@ def from_timeline(rows: Iterable[Mapping[str, Any]], *, badge: str = "real",
                   config: OverlapConfig | None = None) -> Overlap | None:
     """The overlap of a recorded timeline; None when the timeline has no kernel of the program at all."""
     cfg = config or OverlapConfig()
+    rows = list(rows)
+    # A profiled iteration also holds the harness's input preparation; the step starts after its device barrier.
+    step_start: dict[tuple[int, int], float] = {}
+    for r in rows:
+        if cfg.is_step_start(str(r.get("name", ""))):
+            key = (int(r.get("rank", 0)), int(r.get("iteration", 0)))
+            end = float(r.get("start_us", 0.0)) + float(r.get("dur_us", 0.0))
+            step_start[key] = max(step_start.get(key, end), end)
     groups: dict[tuple[int, int], dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         kind = cfg.kind(str(r.get("name", "")))
         if kind == "harness":
             continue
+        key = (int(r.get("rank", 0)), int(r.get("iteration", 0)))
         s = float(r.get("start_us", 0.0))
-        groups[(int(r.get("rank", 0)), int(r.get("iteration", 0)))][kind].append((s, s + float(r.get("dur_us", 0.0))))
+        if s < step_start.get(key, float("-inf")):
+            continue  # before the step: input preparation
+        groups[key][kind].append((s, s + float(r.get("dur_us", 0.0))))
     if not groups:
         return None
     fracs: list[float] = []

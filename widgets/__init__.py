@@ -10,6 +10,7 @@ from .chunk_explorer import ChunkExplorer
 from .dashboard import RunDashboard
 from .diff_review import DiffReview, side_by_side_html
 from .eval_cell import EvalCell
+from .exercise_cell import ExerciseCell
 from .notebook import Banner, banner, review_attempts, short_errors
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
 from .reasoning import ReasoningPanel
@@ -17,6 +18,6 @@ from .slots import SlotPanel
 from .views import AnalysisView, FailureView, LedgerView, TimelineView
 
 __all__ = ["AnalysisView", "ApprovalQueue", "Banner", "BundlePanel", "ChunkExplorer", "DesignSpaceMap", "DiffReview",
-           "EvalCell",
+           "EvalCell", "ExerciseCell",
            "FailureView", "LatencyPlot", "LedgerView", "LineageTree", "ReasoningPanel", "RunDashboard", "SlotPanel",
            "TimelineView", "banner", "review_attempts", "short_errors", "side_by_side_html"]

@@ -58,6 +58,14 @@ def test_timeline_without_communication_is_undefined_not_zero():
     assert overlap.from_timeline([_row(0, "spin_kernel", 0, 10)]) is None
 
 
+def test_input_preparation_before_the_device_barrier_is_left_out():
+    rows = [_row(0, "direct_copy_kernel_cuda", 0, 50), _row(0, "normal_kernel", 50, 50),  # the harness's inputs
+            _row(0, "cuco_h::barrier_kernel", 100, 5),
+            _row(0, "gemm", 110, 100), _row(0, "ncclDevKernel", 110, 50)]
+    ov = overlap.from_timeline(rows)
+    assert ov is not None and ov.compute_us == 100 and ov.comm_us == 50 and ov.fraction == pytest.approx(1.0)
+
+
 def test_overlap_text_of_evaluations():
     assert overlap.overlap_text(None) == "overlap: not evaluated"
     assert "did not pass" in overlap.overlap_text({"verdict": "fail", "result": {}})
