@@ -87,7 +87,7 @@ def dollars_of(rec: Mapping[str, Any], prices: Mapping[str, tuple[float, float]]
 
 
 def _finished(store: Store, run_id: int) -> list[dict[str, Any]]:
-    return [dict(e) for e in store.evaluations(run_id=run_id)
+    return [e for e in store.evaluation_summaries(run_id)
             if e["status"] == "done" and e.get("finished_at") is not None]
 
 
@@ -169,8 +169,7 @@ def proposal_cost(store: Store, run_id: int, proposal: Mapping[str, Any], config
     if status == "rejected":
         return Cost("none", None, "", None, "", proposed, proposed_note)
     pid = proposal.get("program_id")
-    done = [e for e in store.evaluations(program_id=int(pid))
-            if e["status"] == "done" and e.get("finished_at") is not None] if pid else []
+    done = [e for e in _finished(store, run_id) if e["program_id"] == pid] if pid else []
     if done:
         ev = done[-1]
         repairs = [r for r in proposal_llm(store, run_id).values() if r.get("repairs") == pid]
