@@ -65,10 +65,10 @@ class BudgetApproval(W.HBox):
                  decide: Callable[[int], str], config: CostConfig | None = None) -> None:
         self.store, self.run_id, self._pending, self._decide = store, run_id, pending, decide
         self.config = config or CostConfig()
-        self.gpu = W.Text(placeholder="GPU-s (empty: no limit)", description="budget",
-                          layout=W.Layout(width="220px"), tooltip="GPU seconds the approvals may spend")
-        self.dollars = W.Text(placeholder="LLM $ (empty: no limit)", layout=W.Layout(width="150px"),
-                              tooltip="LLM dollars the approvals may trigger")
+        self.gpu = W.Text(placeholder="GPU-seconds", description="budget", layout=W.Layout(width="210px"),
+                          tooltip="GPU seconds the approvals may spend (empty: no limit)")
+        self.dollars = W.Text(placeholder="LLM $", layout=W.Layout(width="110px"),
+                              tooltip="LLM dollars the approvals may trigger (empty: no limit)")
         self.button = W.Button(description="Approve up to budget", icon="wallet", layout=W.Layout(width="190px"),
                                tooltip="approve in order while the expected cost fits the budget")
         self.result = W.HTML()

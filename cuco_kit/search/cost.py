@@ -3,8 +3,8 @@
 Approving a proposal spends two things:
 - GPU seconds: its evaluation. Expected: the mean time of the run's last `CostConfig.recent_evaluations`
   finished evaluations times the ranks each used; actual: its own evaluation's time times its ranks (the
-  evaluator's `eval_seconds` when recorded, else start to finish in the store). Time of a replayed or simulated
-  evaluation was not spent on a GPU here, and is badged so.
+  evaluator's `eval_seconds` when recorded, else start to finish in the store). Time of a replayed evaluation is
+  the recorded run's and of a simulated one made up; both are badged so (no GPU was used here).
 - LLM dollars: an LLM proposal that does not build goes back to its model for a repair (`build_repairs`). Expected:
   the share of the recent LLM programs that failed to build, times the tokens of one answer of that model (the
   mean of the run's recorded proposals of that model) priced with the table (`cuco_kit.llm.prices`); actual:
@@ -52,10 +52,15 @@ class Cost:
             return "cost: nothing spent after proposing (rejected)"
         gpu = f"{self.gpu_seconds:.1f} GPU-s" if self.gpu_seconds is not None else f"GPU time unknown ({self.gpu_note})"
         if self.gpu_seconds is not None and self.gpu_badge != "real":
-            gpu += f" [{self.gpu_badge.upper() if self.gpu_badge == 'simulated' else self.gpu_badge}: no GPU used]"
-        llm = f"${self.llm_dollars:.4f} LLM" if self.llm_dollars is not None else f"LLM {self.llm_note}"
+            gpu += f" [{self.gpu_badge.upper() if self.gpu_badge == 'simulated' else self.gpu_badge}]"
+        if self.llm_dollars is None:
+            llm = f"LLM {self.llm_note}"
+        elif self.llm_dollars == 0 and self.llm_note.startswith("no LLM"):
+            llm = "no LLM call"
+        else:
+            llm = f"${self.llm_dollars:.4f} LLM"
         out = f"{self.state}: {gpu}, {llm}"
-        if self.proposed_dollars is not None:
+        if self.proposed_dollars:
             out += f"; proposed for ${self.proposed_dollars:.4f}"
         elif self.proposed_note:
             out += f"; proposed for: {self.proposed_note}"

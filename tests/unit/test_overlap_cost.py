@@ -157,7 +157,7 @@ def test_unknown_gpu_time_before_any_evaluation():
                           code="int k;\n")
     c = proposal_cost(st, rid, st.proposal(pid))
     assert c.gpu_seconds is None and "no evaluation has finished" in c.text()
-    assert c.llm_dollars == 0.0  # no LLM wrote it, none follows
+    assert c.llm_dollars == 0.0 and "no LLM call" in c.text()  # no LLM wrote it, none follows
 
 
 def _c(gpu, dollars, note="unknown price"):
