@@ -58,7 +58,9 @@ HINTS = {
 class ExerciseConfig:
     world_size: int = 2
     backend: str = "symm"
-    preset: str = "4096"  # the workload's size preset: 16 MiB per rank moves, enough to see where the wait sits
+    # The workload's size preset. At 8192 each rank moves 64 MiB under a GEMM of about a millisecond: the transfer
+    # is long next to the few microseconds each wait kernel costs, so where the wait sits shows in the overlap.
+    preset: str = "8192"
     iters: int = 10
     timeline_iters: int = 3
 
