@@ -133,3 +133,10 @@ def test_exercise_cell_with_gpu_grades_in_a_thread():
     assert seen == [{"before_local": "wait_all();", "per_chunk": ""}]
     assert cell.grade is not None and cell.grade.correct and not cell.grade.passed
     assert ex.HINTS["serial"][:40] in cell.result.value.replace("&#x27;", "'") and not cell.button.disabled
+
+
+def test_request_asks_for_a_timeline_at_two_symm_ranks():
+    req = ex.request(ANSWERS["reference"], root=ROOT)
+    assert (req.world_size, req.backend, req.timeline, req.timeline_iters) == (2, "symm", True, 3)
+    assert req.params == {"M": 8192, "N": 8192, "K": 8192}
+    assert _squash(ANSWERS["reference"]["per_chunk"]) in _squash(req.candidate_code)
