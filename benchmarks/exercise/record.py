@@ -61,16 +61,19 @@ def median_fraction(results: list[dict[str, Any]]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, evaluator: Any = None) -> int:
+    """`evaluator`: the GPU evaluator unless one is given (the unit test passes a scripted one)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
-    evaluator = GpuEvaluator()
+    own = evaluator is None
+    evaluator = evaluator or GpuEvaluator()
     try:
         results = evaluate_all(max(1, args.repeats), evaluator)
     finally:
-        evaluator.close()
+        if own:
+            evaluator.close()
     ref, serial = median_fraction(results[REFERENCE]), median_fraction(results[SERIAL])
     if ref is None or serial is None or ref - serial < MIN_SEPARATION:
         print(f"no pass mark: reference {ref}, {SERIAL} {serial} are not {MIN_SEPARATION} apart; nothing written",
@@ -97,7 +100,20 @@ def main(argv: list[str] | None = None) -> int:
         med = median_fraction(runs)
         lines.append(f"| {name} | {len(runs)} | {', '.join(r['verdict'] for r in runs)} | "
                      f"{'-' if med is None else f'{med:.2f}'} | {grade.summary()[:90]} |")
-    record = {"version": ex.RECORDING_VERSION, "gpu": prov.get("gpu"), "driver": prov.get("driver"), "date": date,
+    # What recording a timeline costs (SearchConfig.timeline): the slowest rank's profiled steps against the whole
+    # evaluation, over every passing run here.
+    cost = [(r["provenance"]["phases"]["rank.timeline"], r["provenance"].get("eval_seconds"))
+            for runs in results.values() for r in runs
+            if r["verdict"] == "pass" and "rank.timeline" in ((r.get("provenance") or {}).get("phases") or {})]
+    timeline_cost = {"runs": len(cost), "median_s": statistics.median(c for c, _ in cost) if cost else None,
+                     "median_share": statistics.median(c / e for c, e in cost if e) if any(e for _, e in cost)
+                     else None}
+    lines.append("")
+    lines.append(f"Timeline cost ({timeline_cost['runs']} passing runs, {ex.ExerciseConfig().timeline_iters} profiled "
+                 f"iterations each): median {timeline_cost['median_s']} s per evaluation, "
+                 f"{timeline_cost['median_share']} of its time.")
+    record = {"version": ex.RECORDING_VERSION, "timeline_cost": timeline_cost,
+              "gpu": prov.get("gpu"), "driver": prov.get("driver"), "date": date,
               "world_size": ex.ExerciseConfig().world_size, "backend": ex.ExerciseConfig().backend,
               "preset": ex.ExerciseConfig().preset, "mark": mark, "mark_rule": rule, "answers": answers}
     args.out.mkdir(parents=True, exist_ok=True)

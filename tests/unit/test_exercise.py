@@ -140,3 +140,35 @@ def test_request_asks_for_a_timeline_at_two_symm_ranks():
     assert (req.world_size, req.backend, req.timeline, req.timeline_iters) == (2, "symm", True, 3)
     assert req.params == {"M": 8192, "N": 8192, "K": 8192}
     assert _squash(ANSWERS["reference"]["per_chunk"]) in _squash(req.candidate_code)
+
+
+class _ScriptedEvaluator:
+    """TEST DATA: answers graded as a GPU would, by which answer was filled in (no GPU here)."""
+
+    def __init__(self, separation: float = 0.7) -> None:
+        self.separation = separation
+
+    def evaluate(self, request, progress=None):
+        code = _squash(request.candidate_code)
+        prov = {"gpu": "NVIDIA H200", "driver": "580", "date": "2026-12-05T09:00:00+00:00", "eval_seconds": 20.0,
+                "phases": {"rank.timeline": 1.0}}
+        if _squash(ANSWERS["reference"]["per_chunk"]) in code:
+            return EvalResult("L3", "pass", median_ms=1.0, timeline=_timeline(0.1 + self.separation), provenance=prov)
+        if _squash(ANSWERS["waits_for_everything_first"]["before_local"]) in code:
+            return EvalResult("L3", "pass", median_ms=1.2, timeline=_timeline(0.1), provenance=prov)
+        return EvalResult("L2", "fail", reason="rank 1: max rel err 0.8 in y", provenance=prov)
+
+
+def test_record_script_sets_the_mark_and_keys_answers_by_hash(tmp_path):
+    from record import main as record_main
+
+    assert record_main(["--out", str(tmp_path), "--repeats", "1"], evaluator=_ScriptedEvaluator()) == 0
+    rec = ex.load_recording(tmp_path / "recording.json")
+    assert rec is not None and rec["mark"] == pytest.approx((0.8 + 0.1) / 2) and "midpoint" in rec["mark_rule"]
+    assert rec["timeline_cost"] == {"runs": 2, "median_s": 1.0, "median_share": 0.05}
+    assert "launch_wait" not in json.dumps(rec) and ex.grade_from_recording(ANSWERS["reference"], rec).passed
+    assert "Pass mark 0.45" in (tmp_path / "recording.md").read_text()
+    # answers the overlap cannot tell apart: no mark, nothing written
+    assert record_main(["--out", str(tmp_path / "no"), "--repeats", "1"],
+                       evaluator=_ScriptedEvaluator(separation=0.05)) == 1
+    assert not (tmp_path / "no" / "recording.json").exists()
