@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "search": "cuco_kit.commands.search",
     "init": "cuco_kit.commands.init",
     "check-workload": "cuco_kit.commands.check_workload",
+    "bundle": "cuco_kit.commands.bundle",
+    "open": "cuco_kit.commands.open",
 }
 
 

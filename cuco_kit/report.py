@@ -14,12 +14,14 @@ from cuco_kit.badges import detail_of, label, shown_badge
 from cuco_kit.evaluate.api import timing_medians
 from cuco_kit.evaluate.stats import ratio_label
 from cuco_kit.markers import plain_knob
+from cuco_kit.overlap import overlap_text
+from cuco_kit.search.cost import gpu_seconds
 from cuco_kit.store import Store
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
            "island", "cell", "knobs", "status", "level_reached", "verdict", "reason", "median_ms", "spread_ms",
            "seed_median_ms", "speedup", "speedup_ci", "claim", "flagged", "badge", "world_size", "backend", "gpu",
-           "date", "timing", "device_ms", "e2e_ms", "oracle"]
+           "date", "timing", "device_ms", "e2e_ms", "oracle", "overlap", "gpu_s"]
 
 
 def run_frame(store: Store, run_id: int) -> pd.DataFrame:
@@ -47,6 +49,9 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
             "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
             "oracle": (e.get("result") or {}).get("oracle"),
+            "overlap": overlap_text(e),  # cuco_kit.overlap: the fraction of the ideal, or why there is none
+            # cuco_kit.search.cost: its GPU seconds (time x ranks) once finished
+            "gpu_s": gpu_seconds(e) if e.get("status") == "done" and e.get("finished_at") is not None else None,
         })
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -989,6 +989,14 @@ class Store:
         sql = "SELECT * FROM evaluations" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id"
         return [self._evaluation_dict(r) for r in self._rows(sql, args)]
 
+    def evaluation_summaries(self, run_id: int) -> list[dict[str, Any]]:
+        """The run's evaluations without their result JSON (which carries timelines): id, program_id, status,
+        world_size, badge, verdict, level_reached, started_at, finished_at and provenance (decoded), in id order.
+        For views that refresh often and need only these."""
+        rows = self._rows("SELECT id, program_id, status, world_size, badge, verdict, level_reached, started_at, "
+                          "finished_at, provenance FROM evaluations WHERE run_id = ? ORDER BY id", (run_id,))
+        return [{**dict(r), "provenance": _loads_lenient(r["provenance"], {})} for r in rows]
+
     def best(self, run_id: int, *, include_flagged: bool = False) -> BestRow | None:
         """The finished, passing evaluation with the lowest median_ms (ties: the earlier one), or None. Flagged
         results (implausible speed-ups) do not count until a human has looked, unless ``include_flagged``.

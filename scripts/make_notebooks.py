@@ -136,6 +136,19 @@ report.cell_summary(frame, top=8)
 FailureView(frame)
 """),
     md("""
+## 4. A run bundle
+
+A bundle is one file with a whole run (its database, where and when each number was measured, kernel
+timelines, LLM recordings), made with `cuco bundle RUN.sqlite -o run.cucobundle` wherever the run happened and
+opened here with no GPU and no LLM. Set `CUCO_BUNDLE` to its path before starting Jupyter, or type the path and
+press Open; its numbers are badged **replayed** with the GPU, driver and date they were measured on.
+"""),
+    code("""
+import os
+from cuco_kit.widgets import BundlePanel
+BundlePanel(os.environ.get("CUCO_BUNDLE", ""))
+"""),
+    md("""
 ## Next
 
 * **`06_your_kernel`: bring your own host-driven CUDA + NCCL program**: import it as a workload, review the
@@ -549,6 +562,29 @@ else:
           "When it is, this cell shows, per size and world size, cuBLAS alone, the host-NCCL seed, the copy-engine "
           "seed and every knob setting of the device-initiated baseline, with the GPU, driver, NCCL and date; "
           "compare them with the model above. Nothing here invents those numbers.")
+"""),
+    md("""
+## Exercise: place the wait
+
+`sample_kernels/gemm_allgather/exercise_wait.cu` pushes each rank's rows to its peer in 4 chunks on a side stream
+and raises one flag per landed chunk; the GEMMs of those rows run on the compute stream. Its `schedule()` has two
+gaps, before the own-rows GEMM and before each chunk's GEMM, and no wait at all. Read the file's header (which
+flag says which chunk has landed, and the one helper you may call), then type the code for either gap or both and
+press **Grade**.
+
+It is graded at 2 ranks sharing one GPU (`symm`): **correct** means it passes the harness's verification with
+fresh inputs, a late rank and random pauses around every signal and wait; **overlapped** means the overlap
+fraction of its kernel timeline (how much of the transfer hides behind the GEMMs) reaches the pass mark, which the
+recording of the exercise sets halfway between a schedule that hides the transfer and a correct one that hides
+none of it. A wrong or slow answer gets a hint. With a GPU your answer is evaluated now; without one, only answers
+recorded on a GPU can be graded (badged replayed), and the cell says so.
+"""),
+    code("""
+from cuco_kit import exercise
+from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.widgets import ExerciseCell
+
+ExerciseCell(gpu=gpu_present(), recording=exercise.load_recording())
 """),
     md("""
 ## Next

@@ -5,16 +5,19 @@ escaped before it reaches HTML, and every view shows the data's badge (cuco_kit.
 simulated, fixture, model).
 """
 from .approval_queue import ApprovalQueue
+from .bundle_panel import BundlePanel
 from .chunk_explorer import ChunkExplorer
 from .dashboard import RunDashboard
 from .diff_review import DiffReview, side_by_side_html
 from .eval_cell import EvalCell
+from .exercise_cell import ExerciseCell
 from .notebook import Banner, banner, review_attempts, short_errors
 from .plots import DesignSpaceMap, LatencyPlot, LineageTree
 from .reasoning import ReasoningPanel
 from .slots import SlotPanel
 from .views import AnalysisView, FailureView, LedgerView, TimelineView
 
-__all__ = ["AnalysisView", "ApprovalQueue", "Banner", "ChunkExplorer", "DesignSpaceMap", "DiffReview", "EvalCell",
+__all__ = ["AnalysisView", "ApprovalQueue", "Banner", "BundlePanel", "ChunkExplorer", "DesignSpaceMap", "DiffReview",
+           "EvalCell", "ExerciseCell",
            "FailureView", "LatencyPlot", "LedgerView", "LineageTree", "ReasoningPanel", "RunDashboard", "SlotPanel",
            "TimelineView", "banner", "review_attempts", "short_errors", "side_by_side_html"]

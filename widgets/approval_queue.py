@@ -19,6 +19,7 @@ from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.store import Store
 
 from ._common import esc, short
+from .budget_approval import BudgetApproval, outcome_cells, proposal_info_html
 from .diff_review import DiffReview
 
 # decide(proposal_id, decision, edited_code_or_None); returns an error line, or "" when the gate took it
@@ -69,6 +70,7 @@ class _Row(W.VBox):
         self.reject = W.Button(description="Reject", button_style="danger", icon="times",
                                layout=W.Layout(width="90px", flex="0 0 auto"))
         self.status = W.HTML("")
+        self.info = W.HTML("")  # the parent's overlap and the expected cost (widgets/budget_approval.py)
         self.verdict = ""  # what was decided here ("" while waiting)
         self.detail = W.VBox()
         self.review: DiffReview | None = None
@@ -78,8 +80,8 @@ class _Row(W.VBox):
         # flex 0 0 auto: inside the scrolling list a row keeps its natural height (an open diff makes the list
         # scroll) instead of shrinking until the rows overlap and cover each other's buttons.
         super().__init__([W.HBox([self.expand, self.summary, self.approve, self.reject, self.status], layout=_ROW),
-                          self.detail], layout=W.Layout(border_bottom="1px solid #eee", padding="1px 0",
-                                                        flex="0 0 auto"))
+                          self.info, self.detail], layout=W.Layout(border_bottom="1px solid #eee", padding="1px 0",
+                                                                   flex="0 0 auto"))
         self.add_class("cuco-queue-row")
 
     def _toggle(self, open_: bool) -> None:
@@ -127,6 +129,8 @@ class ApprovalQueue(W.VBox):
         self.note = W.HTML()
         self.list = W.VBox(layout=W.Layout(max_height="360px", overflow="auto"))
         self.history = W.HTML()
+        self.budget = BudgetApproval(store, run_id, lambda: [r.proposal for r in self.rows.values() if not r.verdict],
+                                     self._approve_one)
         self.mode.observe(lambda ch: self._set_mode(str(ch["new"])), names="value")
         self.approve_all.on_click(lambda _: self.decide_all("approved"))
         self.reject_all.on_click(lambda _: self.decide_all("rejected"))
@@ -135,12 +139,12 @@ class ApprovalQueue(W.VBox):
         history.selected_index = None
         self.history_box = history
         super().__init__([W.HBox([W.HTML("<b>Approval queue</b>"), self.count, self.mode, self.approve_all,
-                                  self.reject_all], layout=_ROW), self.note, self.list, history])
+                                  self.reject_all], layout=_ROW), self.budget, self.note, self.list, history])
         self.refresh()
 
     @property
     def controls(self) -> list[W.Widget]:
-        out: list[W.Widget] = [self.mode, self.approve_all, self.reject_all]
+        out: list[W.Widget] = [self.mode, self.approve_all, self.reject_all, *self.budget.controls]
         for row in self.rows.values():
             out += [row.approve, row.reject]
         return out
@@ -156,6 +160,13 @@ class ApprovalQueue(W.VBox):
         if self._on_change is not None:
             self._on_change()
         return ""
+
+    def _approve_one(self, proposal_id: int) -> str:
+        row = self.rows.get(proposal_id)
+        if row is None:
+            return "no longer waiting"
+        row.decide("approved")
+        return "" if row.verdict else "not approved (see its row)"
 
     def decide_all(self, decision: str) -> int:
         """Approve or reject every waiting proposal; returns how many were decided."""
@@ -187,6 +198,8 @@ class ApprovalQueue(W.VBox):
                 self.rows[pid] = _Row({**prop, "parent_code": parent["code"] if parent else ""}, self.decide)
                 if self.disabled_reason:
                     self.rows[pid].freeze("not decided", self.disabled_reason)
+        for pid in live:
+            self.rows[pid].info.value = proposal_info_html(self.store, self.run_id, self.rows[pid].proposal)
         for pid in [p for p in self.rows if p not in live]:
             del self.rows[pid]  # decided: it moves to the history
         self.list.children = [self.rows[pid] for pid in sorted(self.rows)]
@@ -202,10 +215,11 @@ class ApprovalQueue(W.VBox):
         rows = "".join(
             f"<tr><td>proposal #{p['id']}</td><td>{esc(short(str(p.get('name') or ''), 70))}</td>"
             f"<td>{esc(p.get('status'))}</td><td>{esc(p.get('decided_by') or '-')}</td>"
-            f"<td>{esc(_outcome(self.store, p.get('program_id')))}</td></tr>"
+            f"<td>{esc(_outcome(self.store, p.get('program_id')))}</td>"
+            f"{outcome_cells(self.store, self.run_id, dict(p))}</tr>"
             for p in decided[-HISTORY_ROWS:][::-1])
         return ("<table style='font-size:12px'><tr><th>proposal</th><th>name</th><th>decision</th><th>by</th>"
-                f"<th>outcome</th></tr>{rows}</table>"
+                f"<th>outcome</th><th>overlap</th><th>cost</th></tr>{rows}</table>"
                 + (f"<i>latest {HISTORY_ROWS} of {len(decided)}</i>" if len(decided) > HISTORY_ROWS else ""))
 
     def disable(self, reason: str, *, say: bool = True) -> None:

@@ -39,6 +39,11 @@ def _hover(row: pd.Series) -> str:
         parts.append(f"speed-up vs seed: {ratio_text(row['speedup'], row['speedup_ci'])}")
     if isinstance(row.get("oracle"), str):
         parts.append(esc(checked_against(row["oracle"])))
+    if isinstance(row.get("overlap"), str):
+        parts.append(esc(row["overlap"]))
+    if pd.notna(row.get("gpu_s")):
+        tag = "" if row.get("badge") == "real" else f" [{esc(row['badge'])}]"
+        parts.append(f"cost: {row['gpu_s']:.1f} GPU-s{tag}")
     if row["verdict"] != "pass" and row["reason"]:
         parts.append(f"reason: {esc(str(row['reason'])[:80])}")
     return "<br>".join(parts)

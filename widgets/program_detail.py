@@ -12,11 +12,13 @@ from cuco_kit.report import ratio_text
 from cuco_kit.store import Store
 
 from ._common import esc, fmt_ms
+from .budget_approval import program_info_html
 from .diff_review import side_by_side_html
 
 
 def program_detail_html(store: Store, program_id: int) -> str:
-    """Program `program_id`'s header, metrics (or "not evaluated yet") and side-by-side diff vs its parent."""
+    """Program `program_id`'s header, metrics (or "not evaluated yet"), overlap and cost, and side-by-side diff vs
+    its parent."""
     p = store.program(program_id)
     parent_id = p.get("parent_id")
     parent = store.program(int(parent_id)) if parent_id else None
@@ -33,5 +35,6 @@ def program_detail_html(store: Store, program_id: int) -> str:
                else "no parent: the whole program is shown as added")
     return (f"<div class='cuco-program-detail'><h4>program {program_id}: {esc(p.get('name'))} "
             f"({esc(p.get('source'))})</h4><div>{esc(p.get('rationale'))}</div><div>{metrics}</div>"
-            f"<div style='color:#666'>{against}</div>"
+            + program_info_html(store, int(p["run_id"]), program_id)
+            + f"<div style='color:#666'>{against}</div>"
             + side_by_side_html(parent["code"] if parent else "", p["code"]) + "</div>")

@@ -49,7 +49,7 @@ from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient
 from cuco_kit.search.budget import BudgetConfig
-from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.config import TIMELINE_CHOICES, SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
@@ -91,6 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "knob block the design space) instead of the workload's baseline; repeat it to start "
                              "from several: the first is the root, each further one is evaluated at generation 0 "
                              "on an island of its own in turn")
+    parser.add_argument("--timeline", choices=list(TIMELINE_CHOICES), default="every",
+                        help="record each evaluation's per-rank kernel timeline (the overlap column; one more untimed "
+                             "profiled step per evaluation) or not")
     add_llm_arguments(parser, scope="run")
     add_recording_arguments(parser)
     add_model_arguments(parser)
@@ -289,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
     starts = _starts(args)
     start = start_from(starts[0], store) if starts else None
     config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
+                          timeline=getattr(args, "timeline", "every"),
                           budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
                                               llm_tokens=args.llm_token_budget), models=models,
                           target_ratio=getattr(args, "target", None), initial_programs=[str(p) for p in starts[1:]])

@@ -24,6 +24,7 @@ import statistics
 import threading
 import time
 from dataclasses import replace
+from typing import Any
 
 from cuco_kit import markers
 from cuco_kit.errors import BadInput
@@ -168,7 +169,24 @@ class SimulatedEvaluator:
             per_rank_median_ms=[median * (1.0 - 0.01 * r) for r in range(request.world_size)],
             seed_median_ms=seed_ms, speedup=speedup, seed_iteration_ms=seed_iters,
             speedup_ci=speedup_ci(seed_iters, iters, seed=request.seed), max_rel_err=1e-3 * _u(self.seed, "rel", ch),
-            flagged=bool(speedup and speedup > FLAG_SPEEDUP), badge="simulated", timing=timing, provenance=prov)
+            flagged=bool(speedup and speedup > FLAG_SPEEDUP), badge="simulated", timing=timing, provenance=prov,
+            timeline=_timeline(median, request.world_size, _u(self.seed, "overlap", ch)) if request.timeline else None)
+
+
+def _timeline(median_ms: float, world_size: int, overlap: float) -> list[dict[str, Any]]:
+    """A made-up kernel timeline (badged simulated with its result): per rank one compute and one transfer kernel
+    whose overlap is `overlap` of the ideal, so the overlap views have something to show without a GPU."""
+    step_us = median_ms * 1000.0
+    comp, comm = 0.6 * step_us, 0.5 * step_us
+    serial, ideal = comp + comm, max(comp, comm)
+    span = serial - overlap * (serial - ideal)
+    rows: list[dict[str, Any]] = []
+    for r in range(max(1, world_size)):
+        rows.append({"rank": r, "iteration": 0, "stream": 7, "name": "simulated_compute", "start_us": 0.0,
+                     "dur_us": comp})
+        rows.append({"rank": r, "iteration": 0, "stream": 13, "name": "simulated_nccl_transfer",
+                     "start_us": span - comm, "dur_us": comm})
+    return rows
 
 
 def _range_knobs(code: str) -> dict[str, markers.Knob]:

@@ -16,6 +16,8 @@ from cuco_kit.search.novelty import NoveltyConfig
 from cuco_kit.search.phases import PhaseConfig
 from cuco_kit.search.selection import SelectionConfig
 
+TIMELINE_CHOICES = ("every", "off")
+
 
 @dataclass
 class SearchConfig:
@@ -49,6 +51,10 @@ class SearchConfig:
     # More programs to start from (files, each checked like a --from result): evaluated at generation 0 next to
     # the baseline root, the i-th on island (i + 1) % islands, so islands start from different programs.
     initial_programs: list[str] = field(default_factory=list)
+    # Which evaluations also record the per-rank kernel timeline the overlap column is read from (cuco_kit.overlap):
+    # "every" program, "off". It costs one more untimed step per rank under torch.profiler after timing (never
+    # part of the score): the profiler's start-up and one iteration, per evaluation that passes L2.
+    timeline: str = "every"
 
     def __post_init__(self) -> None:
         if self.backend not in ("nccl", "symm"):
@@ -57,6 +63,8 @@ class SearchConfig:
             raise BadInput(f"world_size must be >= 1, got {self.world_size}")
         if self.proposals_per_generation < 1 or self.slots < 1 or self.max_empty_generations < 1:
             raise BadInput("proposals_per_generation, slots and max_empty_generations must be >= 1")
+        if self.timeline not in TIMELINE_CHOICES:
+            raise BadInput(f"timeline {self.timeline!r} is not one of {', '.join(TIMELINE_CHOICES)}")
         if self.gate not in ("auto", "manual"):
             raise BadInput(f"gate {self.gate!r} is not one of auto, manual")
         if self.target_ratio is not None and not (isinstance(self.target_ratio, (int, float))

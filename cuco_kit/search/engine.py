@@ -63,6 +63,7 @@ from cuco_kit.search import repair, target
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
 from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.cost import record_proposal_llm
 from cuco_kit.search.executor import Executor, PoolExecutor, error_result
 from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.human import HumanEdit, HumanSource
@@ -693,6 +694,8 @@ class SearchEngine:
                                               name=prop.name, rationale=prop.rationale, diff=prop.diff,
                                               code=prop.code, tags=prop.tags,
                                               second_parent_id=prop.second_parent_id)
+                if prop.meta.get("model"):
+                    record_proposal_llm(self.store, self._rid, pid, prop.meta)
                 if verdict.novel:
                     self._proposal_info[pid] = (generation, island)
                 else:
@@ -749,7 +752,7 @@ class SearchEngine:
         return EvalRequest(candidate_code=p.code, workload_dir=self.workload_dir, params=dict(cfg.params),
                            world_size=cfg.world_size, backend=cfg.backend,
                            parent_code=parent.code if parent is not None else None, iters=cfg.iters,
-                           seed=cfg.seed, label=f"program {p.id}: {p.name}")
+                           seed=cfg.seed, timeline=cfg.timeline == "every", label=f"program {p.id}: {p.name}")
 
     def _evaluate_ready(self) -> None:
         """Evaluate every ready program: up to ``slots`` at once, builds of the rest started ahead."""

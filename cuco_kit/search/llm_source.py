@@ -337,7 +337,8 @@ class LLMSource:
             diff=unified_diff(ctx.parent.code, code), source=MUTATION_KINDS[actual], parent_id=ctx.parent.id,
             code=code, second_parent_id=ctx.second_parent.id if cross and ctx.second_parent else None,
             meta={"model": model or c.model, "answered_by": c.model, "fixture": c.fixture, "purpose": purpose,
-                  "temperature": ctx.phase.temperature, "dollars": c.dollars, "notes": notes})
+                  "temperature": ctx.phase.temperature, "dollars": c.dollars, "notes": notes,
+                  "prompt_tokens": c.prompt_tokens, "completion_tokens": c.completion_tokens})
 
     # -- proposing ------------------------------------------------------------------------------------------
     def propose(self, ctx: ProposalContext) -> list[Proposal]:

@@ -1,0 +1,80 @@
+"""The exercise of 05_teaching on a real GPU: the hidden reference answer grades correct and overlapped, a correct
+answer that waits for everything first grades correct but below the mark, one without a wait fails L2, and the
+same results graded from a recording (no GPU) agree. The mark is set as benchmarks/exercise/record.py sets it:
+halfway between the reference and the serial answer, measured here.
+
+With CUCO_RECORD_DIR set (device_samples.sh exercise), the first test records the exercise there with record.py
+(its own evaluator, closed before this module's starts) and checks what it wrote."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuco_kit import exercise as ex
+from cuco_kit.evaluate.device import gpu_present
+from cuco_kit.overlap import from_timeline
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "exercise"))
+from answers import ANSWERS  # noqa: E402 - the hidden answers live beside the recording script
+from record import MIN_SEPARATION  # noqa: E402
+from record import main as record_main  # noqa: E402
+
+pytestmark = [pytest.mark.serial, pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU"),
+              pytest.mark.timeout(600)]
+
+
+@pytest.mark.skipif(not os.environ.get("CUCO_RECORD_DIR"), reason="records only with CUCO_RECORD_DIR set")
+def test_record_the_exercise():
+    out = Path(os.environ["CUCO_RECORD_DIR"])
+    assert record_main(["--out", str(out)]) == 0
+    rec = ex.load_recording(out / "recording.json")
+    assert rec is not None and 0.0 < rec["mark"] < 1.0 and len(rec["answers"]) == len(ANSWERS)
+    assert ex.grade_from_recording(ANSWERS["reference"], rec).passed
+    assert not ex.grade_from_recording(ANSWERS["no_wait"], rec).correct
+    assert "launch_wait" not in json.dumps(rec)  # answers are keyed by hash, never by their text
+
+
+@pytest.fixture(scope="module")
+def results(evaluator):
+    return {name: evaluator.evaluate(ex.request(ANSWERS[name]))
+            for name in ("reference", "waits_for_everything_first", "no_wait")}
+
+
+def _fraction(res) -> float:
+    ov = from_timeline(res.timeline or [])
+    assert ov is not None and ov.fraction is not None, f"no overlap from the timeline: {ov}"
+    return ov.fraction
+
+
+def test_right_and_wrong_answers_grade_as_they_should(results):
+    ref, serial, racy = results["reference"], results["waits_for_everything_first"], results["no_wait"]
+    assert ref.passed, ref.reason
+    assert serial.passed, serial.reason
+    assert not racy.passed and racy.level_reached == "L2", (racy.verdict, racy.reason)
+    a, b = _fraction(ref), _fraction(serial)
+    assert a - b >= MIN_SEPARATION, f"the overlap does not separate the answers: reference {a:.2f}, serial {b:.2f}"
+    mark = (a + b) / 2
+    g_ref = ex.grade_result(ref, mark=mark)
+    g_serial = ex.grade_result(serial, mark=mark)
+    g_racy = ex.grade_result(racy, mark=mark)
+    assert g_ref.correct and g_ref.passed and not g_ref.hint
+    assert g_serial.correct and not g_serial.passed and g_serial.hint == ex.HINTS["serial"]
+    assert not g_racy.correct and not g_racy.passed and g_racy.hint
+
+
+def test_the_same_answers_grade_alike_from_a_recording(results):
+    a, b = _fraction(results["reference"]), _fraction(results["waits_for_everything_first"])
+    recording = {"version": ex.RECORDING_VERSION, "gpu": "this GPU", "date": "today", "mark": (a + b) / 2,
+                 "mark_rule": "midpoint, measured here",
+                 "answers": {ex.answer_key(ANSWERS[n]): {"label": n, "result": r.to_dict()}
+                             for n, r in results.items()}}
+    for name, res in results.items():
+        live = ex.grade_result(res, mark=recording["mark"])
+        replayed = ex.grade_from_recording(ANSWERS[name], recording)
+        assert replayed.badge == "replayed" and (replayed.correct, replayed.passed) == (live.correct, live.passed)
+    assert not ex.grade_from_recording({"per_chunk": "// something else\nint unused = 0;"}, recording).graded
