@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "search": "cuco_kit.commands.search",
     "init": "cuco_kit.commands.init",
     "check-workload": "cuco_kit.commands.check_workload",
+    "fake-llm": "cuco_kit.commands.fake_llm",
 }
 
 
