@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "check-workload": "cuco_kit.commands.check_workload",
     "bundle": "cuco_kit.commands.bundle",
     "open": "cuco_kit.commands.open",
+    "fake-llm": "cuco_kit.commands.fake_llm",
 }
 
 

@@ -19,7 +19,7 @@ from cuco_kit.teaching import overlap_bound
 from ._common import badge_html, esc, fmt_ms
 from .figure_box import FigureBox
 
-# two side by side fit the notebook at a 1280 px window (its output area is about 1,130 px wide)
+# two side by side fit a notebook about 1,100 px wide (a 1280 px window without the side panel); narrower, they wrap
 FIG = dict(height=340, width=530, margin=dict(l=60, r=20, t=40, b=50))
 MAX_CHUNKS = 16
 
@@ -60,8 +60,10 @@ class ChunkExplorer(W.VBox):
                                     "no benchmark of this workload); only the model is drawn</i>")
         super().__init__([
             W.HBox([self.chunks, self.ratio, self.config]),
+            # side by side where the notebook is wide enough, else the measured plot wraps below the model
             W.HBox([W.VBox([W.HTML(badge_html("model", "formula")), self.model_fig]),
-                    W.VBox([W.HTML(badge_html(badge, detail)), self.measured_fig])]),
+                    W.VBox([W.HTML(badge_html(badge, detail)), self.measured_fig])],
+                   layout=W.Layout(flex_flow="row wrap")),
             W.HTML(empty), self.summary])
         self.redraw()
 

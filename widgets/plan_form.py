@@ -71,7 +71,8 @@ class PlanForm(W.VBox):
             self.problems.value = self._problems_html([one_line(exc)])
             return False
         self.view.value = plan_html(self.session)
-        self.problems.value = self._problems_html([])
+        self.problems.value = ("<div style='color:#2a7'>plan applied: the plan is consistent; run the next cell to "
+                               "write the folder with it</div>")
         return True
 
 
@@ -84,6 +85,7 @@ class DraftReview(W.VBox):
         self.session = session
         self.kind = kind
         self.accepted = False
+        self.drafts = 0  # drafts shown so far: each is numbered, so a second answer does not read as the first
         self.draft: Draft | None = None
         self.review: DiffReview | None = None
         self.note = W.Text(placeholder="why you reject it: this note goes into the next prompt",
@@ -97,6 +99,7 @@ class DraftReview(W.VBox):
     def propose(self, note: str = "") -> Draft:
         fn = self.session.propose_port if self.kind == "port" else self.session.propose_reference
         self.draft = fn(note)
+        self.drafts += 1
         self._show(self.draft)
         return self.draft
 
@@ -111,7 +114,8 @@ class DraftReview(W.VBox):
                  "<ul style='color:#b33'>" + "".join(f"<li>{esc(p)}</li>" for p in d.problems) + "</ul>")
         who = "FIXTURE answer" if d.fixture else f"model {esc(d.model)}"
         self.status.value = f"{who}. {found}"
-        prop = {"id": 0, "name": f"{self.kind} draft", "rationale": d.answer.split("```")[0].strip()[:600],
+        prop = {"id": self.drafts, "name": f"{self.kind} draft {self.drafts}",
+                "rationale": d.answer.split("```")[0].strip()[:600],
                 "source": "llm", "parent_code": self._base(), "code": d.code or ""}
         self.review = DiffReview(prop, self._decided, badge="fixture" if d.fixture else "")
         self.box.children = [self.review]
@@ -136,6 +140,7 @@ class DraftReview(W.VBox):
             self.status.value = f"<span style='color:#b33'>not accepted: {esc(one_line(exc))}</span>"
             return False
         self.accepted = True
+        self.note.layout.display = "none"  # nothing left to reject: no stale note field
         if self.review is not None:
             self.review.freeze("approved" if code == (self.draft.code if self.draft else None) else "edited")
         self.status.value = f"<span style='color:#2a7'>accepted: written to {esc(path.name)}</span>"

@@ -323,8 +323,9 @@ class FakeOpenAIServer:
     """A scripted OpenAI-compatible server on 127.0.0.1 (see the module doc). Use as a context manager, or
     call start() and stop()."""
 
-    def __init__(self, script: list[Scripted] | None = None, *, embedding_dim: int = 64) -> None:
+    def __init__(self, script: list[Scripted] | None = None, *, embedding_dim: int = 64, port: int = 0) -> None:
         self.script: list[Scripted] = list(script or [])
+        self.requested_port = port  # 0: an ephemeral port
         self.embedding_dim = embedding_dim
         self._requests: list[RecordedRequest] = []
         self._lock = threading.Lock()
@@ -346,7 +347,7 @@ class FakeOpenAIServer:
         if self._httpd is not None:
             return self
         self._stopping.clear()
-        httpd = _Server((HOST, 0), _Handler)
+        httpd = _Server((HOST, self.requested_port), _Handler)
         httpd.fake = self
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05},

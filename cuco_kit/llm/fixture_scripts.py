@@ -31,18 +31,22 @@ def _block(preface: str, text: str, lang: str = "cuda") -> str:
     return f"{preface}\n\n```{lang}\n{text}```\n"
 
 
-def fastpath_script(files: dict[str, str], origin: str) -> list[Scripted]:
+def fastpath_script(files: dict[str, str], origin: str, *, program: str | None = None,
+                    prefix: str = "") -> list[Scripted]:
     """Stage A, Stage B and annotate, each with a first answer and a retry answer (the same file: a fixture
     cannot follow a note), and a judge answer. `files`: stage entry -> fixture file; `origin`: what the answers
-    are, said in each one."""
+    are, said in each one; `program`: a name every prompt about this program carries (its code is in the
+    prompt), so one server can hold several programs' answers; `prefix`: prepended to the entry names."""
     out: list[Scripted] = []
+    only = [program] if program else []
     for name, prompt in STAGE_PROMPTS:
         code = fixtures.load(files[name])
-        out.append(answer(name, _block(f"FIXTURE answer ({origin}, not a live model).", code), match=prompt,
-                          absent=FASTPATH_RETRY, times=0))
-        out.append(answer(f"{name}-retry", _block(
+        out.append(answer(prefix + name, _block(f"FIXTURE answer ({origin}, not a live model).", code),
+                          match=[prompt, *only], absent=FASTPATH_RETRY, times=0))
+        out.append(answer(f"{prefix}{name}-retry", _block(
             f"FIXTURE retry answer ({origin}, not a live model): a fixture cannot read your note or the failed "
-            "attempt, so this is the same recorded answer again.", code), match=[prompt, FASTPATH_RETRY], times=0))
+            "attempt, so this is the same recorded answer again.", code), match=[prompt, FASTPATH_RETRY, *only],
+            times=0))
     out.append(answer("judge", "FIXTURE diagnosis: no live model is answering in this run.", match=JUDGE_PROMPT,
                       times=0))
     return out
@@ -71,8 +75,63 @@ def example_import() -> list[Scripted]:
                    match=REFERENCE_PROMPT, times=0)]
 
 
-# road -> script, for `cuco fake-llm --script NAME`
+# The search's prompts (cuco_kit/prompts/search_*.md).
+DIFF_PROMPT = "improve the program with targeted edits"
+BLOCKS_PROMPTS = ("rewrite the program's EVOLVE blocks", "combine the strengths of two programs")
+META_PROMPT = "summarise what the search has learned"
+REPAIR_PROMPTS = ("could not be applied", "did not compile", "Your proposal was not used")
+# Knob lines of the search's starting points: gemm_allgather's baseline (device_lsa.cu) and the fast path's
+# annotated results of both samples (gemm_annotated.cu, own_norm_annotated.cu share the kBlocks line). A diff
+# answer moves one knob to the next value of its set, whichever value the parent has.
+KNOB_CYCLES = (("constexpr int kChunks = {};  // knob: {{1, 2, 4, 8}}", (1, 2, 4, 8)),
+               ("constexpr int kBlocks = {};    // knob: {{8, 16, 32, 64}}", (8, 16, 32, 64)))
+# Whole knob blocks, for the prompts that ask for blocks: (a line only that program has, the block).
+KNOB_BLOCKS = (
+    ("Placement::kPersistent}", "constexpr Placement kPlacement = Placement::kPersistent;  // knob: "
+     "{Placement::kSequential, Placement::kTwoStream, Placement::kPersistent}\nconstexpr Sync kSync = "
+     "Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}\nconstexpr Issuer kIssuer = Issuer::kWarp;"
+     "  // knob: {Issuer::kThread, Issuer::kWarp, Issuer::kCta}\nconstexpr int kChunks = 2;  // knob: {1, 2, 4, 8}"),
+    ("// knob: {128, 256, 512, 1024}", "constexpr int kBlocks = 64;    // knob: {8, 16, 32, 64}\n"
+     "constexpr int kThreads = 512;  // knob: {128, 256, 512, 1024}"),
+    ("// knob: {128, 256, 512}\n", "constexpr int kBlocks = 16;    // knob: {8, 16, 32, 64}\n"
+     "constexpr int kThreads = 256;  // knob: {128, 256, 512}"),
+)
+
+
+def search_script() -> list[Scripted]:
+    """`--mutator llm` on the docs' starting points: knob-move diffs, knob-block rewrites (full and crossover
+    prompts), a meta summary; a repair or resample prompt gets an answer that says a fixture cannot repair."""
+    head = "NAME: {}\nRATIONALE: FIXTURE answer (written for the docs' samples, not a live model): {}\nTAGS: {}\n"
+    out: list[Scripted] = []
+    for line, values in KNOB_CYCLES:
+        for old, new in zip(values, values[1:] + values[:1]):
+            out.append(answer(f"diff-{line.split()[2]}-{old}-to-{new}", head.format(
+                f"{line.split()[2]} {old} to {new}", "moves one knob to the next value of its set.", "knobs")
+                + f"<<<<<<< SEARCH\n{line.format(old)}\n=======\n{line.format(new)}\n>>>>>>> REPLACE\n",
+                match=[DIFF_PROMPT, line.format(old)], times=0))
+    for i, (only, block) in enumerate(KNOB_BLOCKS):
+        text = head.format("another knob setting", "another point of the knob block's design space.", "knobs") \
+            + f"```cuda\n// EVOLVE-BLOCK-START knobs\n{block}\n// EVOLVE-BLOCK-END\n```\n"
+        out += [answer(f"blocks-{i}-{p.split()[0]}", text, match=[p, only], times=0) for p in BLOCKS_PROMPTS]
+    out.append(answer("meta", "- FIXTURE summary (not a live model): no lessons are drawn from fixture answers.",
+                      match=META_PROMPT, times=0))
+    out += [answer(f"repair-{i}", "FIXTURE answer (not a live model): a fixture cannot repair an answer or "
+                   "think of another; nothing to apply.", match=p, times=0) for i, p in enumerate(REPAIR_PROMPTS)]
+    return out
+
+
+def every_road() -> list[Scripted]:
+    """Every road the docs walk, on one server: the example program's import and fast path (its prompts name
+    rms_norm), the fast path of any other program with gemm_allgather's recorded answers, and the search."""
+    return (example_import() + fastpath_script(EXAMPLE_FASTPATH, "written for the example program",
+                                               program="rms_norm", prefix="example-")
+            + gemm_fastpath() + search_script())
+
+
+# road -> script, for `cuco fake-llm --road NAME`
 SCRIPTS: dict[str, Callable[[], list[Scripted]]] = {
+    "all": every_road,
     "gemm_allgather": gemm_fastpath,
     "allreduce_norm": lambda: example_import() + example_fastpath(),
+    "search": search_script,
 }

@@ -280,10 +280,12 @@ def test_05_teaching_chunk_slider_moves_model_and_measurement(lab: Any):
         page.wait_for_function("() => document.body.innerText.includes('model at 5 chunks')", timeout=30_000)
         assert page.evaluate(PLOT_COUNTS_JS)["plots"] >= 2
         # Every plot lies inside the notebook at 1280 px (the side-by-side pair was cut at the right).
+        # plotly draws into .main-svg at the figure's width, whatever the box around it clips
         fit = page.evaluate("() => Array.from(document.querySelectorAll('.jp-OutputArea .js-plotly-plot')).map(p => {"
-                            " const o = p.closest('.jp-OutputArea-output').getBoundingClientRect(),"
-                            " b = p.getBoundingClientRect(); return [b.width === 0 || b.right <= o.right + 1,"
-                            " Math.round(b.right), Math.round(o.right)]; })")
+                            " const o = p.closest('.jp-Cell-outputArea').getBoundingClientRect(),"
+                            " b = p.querySelector('.main-svg').getBoundingClientRect();"
+                            " return [b.width === 0 || b.right <= o.right + 1, Math.round(b.left), Math.round(b.right),"
+                            " Math.round(o.left), Math.round(o.right)]; })")
         assert fit and all(f[0] for f in fit), fit
         _no_real_badges(page)
         lab.shot(page, "05_teaching", at=".widget-slider")
@@ -371,6 +373,7 @@ def test_06_your_kernel_stops_at_each_review_then_reject_edit_approve_and_search
         port.get_by_placeholder("why you reject it").fill("look every tensor of the plan up with cuco_tensor")
         _exact_button(port, "Reject").click()
         port.locator("text=checks passed").wait_for(timeout=60_000)
+        assert "port draft 2" in port.inner_text()  # the second answer is numbered as such
         _exact_button(port, "Approve").click()
         port.locator("text=accepted: written").wait_for(timeout=60_000)
         _exact_button(reference, "Approve").click()

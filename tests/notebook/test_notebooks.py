@@ -96,4 +96,8 @@ def test_notebook_runs_headless_and_leaves_nothing(path: Path, tmp_path: Path, m
     assert not stray, f"{path.name}: processes left after the kernel shut down: {stray}"
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("output_type") == "error"]
     assert not errors
+    # A red box (stderr) reads as an alarm to a newcomer: an expected condition is said in a banner or a line.
+    red = [o.get("text", "")[:300] for c in nb.cells if c.cell_type == "code" for o in c.outputs
+           if o.get("output_type") == "stream" and o.get("name") == "stderr"]
+    assert not red, f"{path.name}: stderr output: {red}"
     print(f"{path.name}: {elapsed:.1f} s")

@@ -39,4 +39,18 @@ def test_the_example_import_gets_the_good_port_only_after_a_note():
                          "answer: you dropped gamma\n")
     assert first is not None and first.name == "port-drops-buffer"
     assert again is not None and again.name == "port"
-    assert set(fs.SCRIPTS) == {"gemm_allgather", "allreduce_norm"}
+    assert set(fs.SCRIPTS) == {"all", "gemm_allgather", "allreduce_norm", "search"}
+
+
+def test_one_server_holds_every_road_apart():
+    """The example program's prompts (its code names rms_norm) get its answers; any other program gets
+    gemm_allgather's; a search diff moves the knob the parent has to the next value of its set."""
+    script = fs.every_road()
+    example = pick(script, _stage_prompt("stage-a", False) + "__global__ void rms_norm(...)")
+    other = pick(script, _stage_prompt("stage-a", False) + "ncclAllReduce(grad, ...)")
+    assert example is not None and example.name == "example-stage-a"
+    assert other is not None and other.name == "stage-a"
+    diff = pick(script, "# Task: improve the program with targeted edits\n```cuda\n"
+                        "constexpr int kBlocks = 32;    // knob: {8, 16, 32, 64}\n```")
+    assert diff is not None and "constexpr int kBlocks = 64;" in diff.text and diff.text.startswith("NAME:")
+    assert all("FIXTURE" in e.text for e in script if e.kind == "text")
