@@ -16,6 +16,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -27,6 +28,8 @@ from cuco_kit.commands.executor_options import (
     slot_printer,
 )
 from cuco_kit.commands.llm_options import (
+    DEFAULT_BUDGET_DOLLARS,
+    DEFAULT_TOKEN_BUDGET,
     PROBE_TIMEOUT_S,
     LLMBreaker,
     add_llm_arguments,
@@ -44,8 +47,7 @@ from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
-from cuco_kit.search.budget import BudgetConfig
-from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.config import SearchConfig, read_run_file
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
@@ -63,6 +65,12 @@ HELP = "evolutionary search over a workload"
 # sources have nothing new to propose ends before its generations anyway ("design space exhausted").
 MAX_GENERATIONS = 10_000
 MAX_SEED = 2**32 - 1  # what every seeded generator the search uses accepts (numpy's included)
+# The flags that set a SearchConfig value: flag dest -> (the value's key, dotted for a table's; the flag's default).
+# A flag given on the command line wins over --config's file, the file over the default.
+FLAG_KEYS: dict[str, tuple[str, Any]] = {
+    "ranks": ("world_size", 1), "backend": ("backend", "nccl"), "seed": ("seed", 0),
+    "generations": ("budget.generations", 10), "llm_budget": ("budget.llm_dollars", DEFAULT_BUDGET_DOLLARS),
+    "llm_token_budget": ("budget.llm_tokens", DEFAULT_TOKEN_BUDGET)}
 NO_GPU_HINT = ("use --evaluator simulated (a synthetic landscape, numbers badged SIMULATED) or --evaluator replay "
                "(real measurements recorded on a GPU machine)")
 
@@ -79,12 +87,64 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--config", type=Path, metavar="RUN.toml",
+                        help="search settings: SearchConfig's fields, with tables [budget], [islands], [selection], "
+                             "[phases], [novelty], [meta], [design_space], [models], [params] (docs/llm_search.md); a "
+                             "flag given here wins over the file, the file over the defaults")
     parser.add_argument("--from", dest="from_result", metavar="RESULT.cu",
                         help="start from a fast-path result (its frozen bytes are the L0 parent, its knob block the "
                              "design space) instead of the workload's baseline")
     add_llm_arguments(parser, scope="run")
     add_model_arguments(parser)
     add_executor_arguments(parser)
+    # None: not given on the command line (resolve_config then takes the file's value, else the default).
+    parser.set_defaults(**dict.fromkeys(FLAG_KEYS))
+
+
+def _get(d: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def _put(d: dict[str, Any], key: str, value: Any) -> None:
+    *tables, last = key.split(".")
+    for part in tables:
+        d = d.setdefault(part, {})
+    d[last] = value
+
+
+def resolve_config(args: argparse.Namespace) -> SearchConfig:
+    """The run's SearchConfig, every value resolved here: from the command line when given there, else from
+    --config's file, else the default (the flag's for FLAG_KEYS and --size, SearchConfig's for the rest). The
+    flags' resolved values are written back to ``args``, which the checks and the evaluator read; --size overrides
+    the file's [params] one by one; --models replaces the file's [models] and --mutation-model adds to them. A key
+    the file has that SearchConfig does not know is refused by name."""
+    data = read_run_file(args.config) if args.config is not None else {}
+    for dest, (key, default) in FLAG_KEYS.items():
+        if getattr(args, dest) is None:
+            from_file = _get(data, key)
+            setattr(args, dest, default if from_file is None else from_file)
+        _put(data, key, getattr(args, dest))
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise BadInput(f"--config {args.config}: [params] must be a table of NAME = VALUE, got {params!r}")
+    data["params"] = {**params, **parse_overrides(args.size)}
+    models = models_from_args(args)
+    if args.models is None and isinstance(data.get("models"), dict):
+        try:
+            from_file = ModelsConfig.from_dict(data["models"], strict=True)
+        except (BadInput, TypeError, ValueError) as exc:
+            raise BadInput(f"--config {args.config}: {exc}") from None
+        from_file.mutation += [m for m in models.mutation if m.name not in {f.name for f in from_file.mutation}]
+        models = from_file
+    data["models"] = models
+    try:
+        return SearchConfig.from_dict(data, strict=True)
+    except BadInput as exc:
+        raise BadInput(f"--config {args.config}: {exc}" if args.config is not None else str(exc)) from None
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -98,11 +158,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
     check_executor_arguments(args)
 
 
-def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
-    """The workload's sizes (with --size) suit --ranks, the baseline is checked like a --from file (markers,
-    blocks, knob block; with the offline mutator it needs knobs) and the seed is readable source text. Returns
-    the --size overrides."""
-    params = parse_overrides(args.size)
+def _check_workload(wl: Workload, args: argparse.Namespace, params: dict[str, int]) -> None:
+    """The workload's sizes (``params``: the file's and --size's overrides) suit --ranks, the baseline is checked
+    like a --from file (markers, blocks, knob block; with the offline mutator it needs knobs) and the seed is
+    readable source text."""
     wl.check(params, args.ranks)
     if getattr(args, "from_result", None):
         read_start(args.from_result, "--from", FROM_HINT)  # now, before --db exists; start_from reads it again
@@ -113,7 +172,6 @@ def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
                            "only moves knobs; add one (docs/contracts.md) or use --mutator llm")
     if args.backend in wl.seeds:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
-    return params
 
 
 def _recorded(wl: Workload) -> list[RecordedConfig]:
@@ -230,10 +288,12 @@ def _progress_bar(engine: SearchEngine, bar: tqdm) -> Callable[[Event], None]:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = resolve_config(args)
     _check_arguments(args)
     workload_dir = Path(args.workload)
     wl = load_workload(workload_dir)
-    params = _check_workload(wl, args)
+    params = config.params
+    _check_workload(wl, args, params)
     llm: LLMConfig | None = None
     if args.mutator != "offline":
         llm = llm_config(args)
@@ -242,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     db = Path(args.db)
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
-    models = models_from_args(args)
+    models = config.models
     executor = make_executor(args, spec, str(workload_dir))
     evaluator = executor or spec.make()  # a replay recording that is no store is refused here, before --db exists
     try:
@@ -254,9 +314,6 @@ def run(args: argparse.Namespace) -> int:
             close_evaluator(evaluator)
         raise
     start = start_from(args.from_result, store) if getattr(args, "from_result", None) else None
-    config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
-                          budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
-                                              llm_tokens=args.llm_token_budget), models=models)
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}

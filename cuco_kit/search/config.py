@@ -1,7 +1,10 @@
 """`SearchConfig`: every knob of the search in one JSON-serialisable dataclass with defaults that work."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import sys
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
@@ -12,8 +15,36 @@ from cuco_kit.search.islands import IslandConfig
 from cuco_kit.search.meta import MetaConfig
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.novelty import NoveltyConfig
-from cuco_kit.search.phases import PhaseConfig
+from cuco_kit.search.phases import PhaseConfig, PhaseSettings
 from cuco_kit.search.selection import SelectionConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
+    import tomli as tomllib
+
+# The tables of a SearchConfig that are plain dataclasses (models and phases have their own from_dict).
+TABLES: dict[str, type] = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
+                           "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _refuse_unknown(d: dict[str, Any], known: Iterable[str], where: str) -> None:
+    known = list(known)
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        raise BadInput(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+
+
+def _table(d: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """``d[key]`` when it is a table; None when absent; BadInput when it is something else."""
+    v = d.get(key)
+    if v is None or isinstance(v, dict):
+        return v
+    raise BadInput(f"[{key}] must be a table of settings, got {v!r}")
 
 
 @dataclass
@@ -57,16 +88,60 @@ class SearchConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SearchConfig:
+    def from_dict(cls, d: dict[str, Any], *, strict: bool = False) -> SearchConfig:
+        """The config of ``d``. ``strict`` (a file the user wrote, `cuco search --config`): a key this code does
+        not know, at the top or in any table, is refused by name, and so is a value of the wrong kind (one line);
+        otherwise (a stored run's config, maybe from a newer version) an unknown key is left out."""
         d = dict(d)
-        sub = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
-               "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}
-        for k, t in sub.items():
-            if isinstance(d.get(k), dict):
-                d[k] = t(**d[k])
+        if not strict:
+            return cls._build(d, strict=False)
+        _refuse_unknown(d, _names(cls), "search config")
+        try:
+            return cls._build(d, strict=True)
+        except TypeError as exc:  # a value of the wrong kind (a string where a number goes, ...)
+            raise BadInput(f"search config: a value is missing or of the wrong kind ({exc})") from None
+
+    @classmethod
+    def _build(cls, d: dict[str, Any], *, strict: bool) -> SearchConfig:
+        for k, t in TABLES.items():
+            table = _table(d, k) if strict else (d.get(k) if isinstance(d.get(k), dict) else None)
+            if table is not None:
+                if strict:
+                    _refuse_unknown(table, _names(t), f"[{k}]")
+                d[k] = t(**{n: v for n, v in table.items() if n in _names(t)})
+        phases = _table(d, "phases") if strict else (d.get("phases") if isinstance(d.get("phases"), dict) else None)
+        if phases is not None:
+            if strict:
+                _refuse_unknown(phases, _names(PhaseConfig), "[phases]")
+                for k in ("explore", "exploit"):
+                    if (sub := _table(phases, k)) is not None:
+                        _refuse_unknown(sub, _names(PhaseSettings), f"[phases.{k}]")
+            d["phases"] = PhaseConfig.from_dict(phases)
         if isinstance(d.get("models"), dict):
-            d["models"] = ModelsConfig.from_dict(d["models"])
-        if isinstance(d.get("phases"), dict):
-            d["phases"] = PhaseConfig.from_dict(d["phases"])
-        known = set(cls.__dataclass_fields__)
+            d["models"] = ModelsConfig.from_dict(d["models"], strict=strict)
+        known = set(_names(cls))
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+MAX_RUN_FILE_BYTES = 1 << 20  # far beyond any settings file; a larger one is not one
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """The settings of a run file (TOML: SearchConfig's fields and tables), checked strictly: a key SearchConfig
+    does not know is refused by name. BadInput (one line) for a file that cannot be read or is not TOML."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_RUN_FILE_BYTES:
+            raise BadInput(f"--config {p}: larger than {MAX_RUN_FILE_BYTES >> 10} KiB; is it a settings file?")
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadInput(f"--config {p}: cannot read it ({exc.strerror or exc}); pass a TOML file") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"--config {p}: not UTF-8 text; pass a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"--config {p}: not TOML ({exc})") from None
+    try:
+        SearchConfig.from_dict(data, strict=True)
+    except BadInput as exc:
+        raise BadInput(f"--config {p}: {exc}") from None
+    return data
