@@ -29,10 +29,11 @@ from cuco_kit.fastpath import FastPath, FastPathConfig
 from cuco_kit.llm import LLMClient, LLMConfig, OpenAICompatibleClient, fixtures
 from cuco_kit.llm.fake_server import Scripted, answer
 from cuco_kit.search.budget import BudgetConfig
-from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.config import Backend, SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.executor import Executor
+from cuco_kit.search.gate import GateMode, gate_mode
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.start_point import StartPoint
 from cuco_kit.store import ProgramRow, Store
@@ -252,9 +253,9 @@ def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoi
 
 # ---- searches and evaluations from a notebook ----------------------------------------------------------------
 
-def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path, gate: str = "manual",
+def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path, gate: GateMode = "manual",
                generations: int = 10, proposals_per_generation: int = 4, world_size: int = 2,
-               backend: str = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
+               backend: Backend = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
                llm: LLMClient | None = None,
                config: SearchConfig | dict[str, Any] | None = None,
                executor: Executor | None = None, start: StartPoint | None = None) -> tuple[SearchEngine, Store]:
@@ -270,7 +271,7 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
                            seed=seed, proposals_per_generation=proposals_per_generation)
     else:
         cfg = config if isinstance(config, SearchConfig) else SearchConfig.from_dict(dict(config))
-    cfg.gate = gate
+    cfg.gate = gate_mode(gate)  # checked: a notebook may pass any string
     cfg.budget = BudgetConfig(generations=generations)
     sources: list[Any] = [DesignSpaceSource(cfg.design_space)]
     if llm is not None:

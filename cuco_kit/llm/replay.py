@@ -16,6 +16,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from cuco_kit.llm.client import (
     Completion,
@@ -38,7 +39,7 @@ class RecordingClient:
         self.path = Path(path)
         self._lock = threading.Lock()
 
-    def _append(self, messages: list[dict], purpose: str, c: Completion, truncated: bool) -> None:
+    def _append(self, messages: list[dict[str, Any]], purpose: str, c: Completion, truncated: bool) -> None:
         line = canonical_json({"v": FORMAT_VERSION, "hash": request_hash(messages, purpose), "purpose": purpose,
                                "messages": messages, "completion": dataclasses.asdict(c),
                                "truncated": truncated})
@@ -47,7 +48,7 @@ class RecordingClient:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         try:
             c = self.inner.complete(messages, purpose=purpose, temperature=temperature, max_tokens=max_tokens)
@@ -65,7 +66,7 @@ class ReplayClient:
         self.path = Path(path)
         if not self.path.is_file():
             raise LLMError(f"no LLM recording at {self.path}: record one with RecordingClient first")
-        self._answers: dict[str, list[dict]] = defaultdict(list)
+        self._answers: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._served: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
         with self.path.open(encoding="utf-8") as f:
@@ -84,7 +85,7 @@ class ReplayClient:
     def __len__(self) -> int:
         return sum(len(v) for v in self._answers.values())
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         start = time.monotonic()
         h = request_hash(messages, purpose)

@@ -5,12 +5,13 @@ import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.archive import DEFAULT_FEATURES
 from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.design_space import DesignSpaceConfig
+from cuco_kit.search.gate import GateMode
 from cuco_kit.search.islands import IslandConfig
 from cuco_kit.search.meta import MetaConfig
 from cuco_kit.search.models import ModelsConfig
@@ -22,6 +23,11 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
     import tomli as tomllib
+
+# How candidates talk across ranks: host NCCL collectives, or the runtime's symmetric memory (several ranks may
+# share a GPU). The evaluator's request carries the same names.
+Backend = Literal["nccl", "symm"]
+BACKENDS: tuple[Backend, ...] = ("nccl", "symm")
 
 # The tables of a SearchConfig that are plain dataclasses (models and phases have their own from_dict).
 TABLES: dict[str, type] = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
@@ -50,13 +56,13 @@ def _table(d: dict[str, Any], key: str) -> dict[str, Any] | None:
 @dataclass
 class SearchConfig:
     world_size: int = 1
-    backend: str = "nccl"  # "nccl" | "symm"
+    backend: Backend = "nccl"
     params: dict[str, int] = field(default_factory=dict)  # workload parameter overrides
     iters: int = 20  # timed iterations per evaluation
     seed: int = 0  # seeds proposal order, parent draws and samplers: same seed, same programs
     proposals_per_generation: int = 4
     slots: int = 1  # evaluations at once (GPUs, or concurrent evaluations the evaluator takes)
-    gate: str = "auto"  # "auto" | "manual"
+    gate: GateMode = "auto"
     max_pending: int = 8  # manual gate: stop proposing while this many wait for a decision
     # A search ends when this many generations in a row bring nothing new (LLM answers that repeat the run, or
     # none); a generation of design-space slots only that finds no untried knob setting ends it at once.
@@ -75,8 +81,8 @@ class SearchConfig:
     models: ModelsConfig = field(default_factory=ModelsConfig)  # per-role models (empty: the one client given)
 
     def __post_init__(self) -> None:
-        if self.backend not in ("nccl", "symm"):
-            raise BadInput(f"backend {self.backend!r} is not one of nccl, symm")
+        if self.backend not in BACKENDS:  # a value read from a file or a stored run is checked here
+            raise BadInput(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.world_size < 1:
             raise BadInput(f"world_size must be >= 1, got {self.world_size}")
         if self.proposals_per_generation < 1 or self.slots < 1 or self.max_empty_generations < 1:
