@@ -18,6 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
+    import tomli as tomllib
+
 from tqdm import tqdm
 
 from cuco_kit import markers
@@ -47,7 +52,7 @@ from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import LLMConfig, OpenAICompatibleClient
-from cuco_kit.search.config import SearchConfig, read_run_file
+from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
@@ -101,6 +106,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(**dict.fromkeys(FLAG_KEYS))
 
 
+MAX_RUN_FILE_BYTES = 1 << 20  # far beyond any settings file; a larger one is not one
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """The settings of a run file (TOML: SearchConfig's fields and tables), checked strictly: a key SearchConfig
+    does not know is refused by name. BadInput (one line) for a file that cannot be read or is not TOML."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_RUN_FILE_BYTES:
+            raise BadInput(f"--config {p}: larger than {MAX_RUN_FILE_BYTES >> 10} KiB; is it a settings file?")
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadInput(f"--config {p}: cannot read it ({exc.strerror or exc}); pass a TOML file") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"--config {p}: not UTF-8 text; pass a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"--config {p}: not TOML ({exc})") from None
+    try:
+        SearchConfig.from_dict(data, strict=True)
+    except BadInput as exc:
+        raise BadInput(f"--config {p}: {exc}") from None
+    return data
+
+
 def _get(d: dict[str, Any], key: str) -> Any:
     for part in key.split("."):
         if not isinstance(d, dict) or part not in d:
@@ -131,6 +160,7 @@ def resolve_config(args: argparse.Namespace) -> SearchConfig:
     params = data.get("params", {})
     if not isinstance(params, dict):
         raise BadInput(f"--config {args.config}: [params] must be a table of NAME = VALUE, got {params!r}")
+    _check_arguments(args)  # the flags' values, from wherever they came, named by their flag
     data["params"] = {**params, **parse_overrides(args.size)}
     models = models_from_args(args)
     if args.models is None and isinstance(data.get("models"), dict):
@@ -288,8 +318,7 @@ def _progress_bar(engine: SearchEngine, bar: tqdm) -> Callable[[Event], None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = resolve_config(args)
-    _check_arguments(args)
+    config = resolve_config(args)  # checks the flags' values too
     workload_dir = Path(args.workload)
     wl = load_workload(workload_dir)
     params = config.params

@@ -1,10 +1,8 @@
 """`SearchConfig`: every knob of the search in one JSON-serialisable dataclass with defaults that work."""
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 from typing import Any, Literal
 
 from cuco_kit.errors import BadInput
@@ -18,11 +16,6 @@ from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.novelty import NoveltyConfig
 from cuco_kit.search.phases import PhaseConfig, PhaseSettings
 from cuco_kit.search.selection import SelectionConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
-    import tomli as tomllib
 
 # How candidates talk across ranks: host NCCL collectives, or the runtime's symmetric memory (several ranks may
 # share a GPU). The evaluator's request carries the same names.
@@ -128,26 +121,3 @@ class SearchConfig:
         known = set(_names(cls))
         return cls(**{k: v for k, v in d.items() if k in known})
 
-
-MAX_RUN_FILE_BYTES = 1 << 20  # far beyond any settings file; a larger one is not one
-
-
-def read_run_file(path: str | Path) -> dict[str, Any]:
-    """The settings of a run file (TOML: SearchConfig's fields and tables), checked strictly: a key SearchConfig
-    does not know is refused by name. BadInput (one line) for a file that cannot be read or is not TOML."""
-    p = Path(path)
-    try:
-        if p.stat().st_size > MAX_RUN_FILE_BYTES:
-            raise BadInput(f"--config {p}: larger than {MAX_RUN_FILE_BYTES >> 10} KiB; is it a settings file?")
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise BadInput(f"--config {p}: cannot read it ({exc.strerror or exc}); pass a TOML file") from None
-    except UnicodeDecodeError:
-        raise BadInput(f"--config {p}: not UTF-8 text; pass a TOML file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"--config {p}: not TOML ({exc})") from None
-    try:
-        SearchConfig.from_dict(data, strict=True)
-    except BadInput as exc:
-        raise BadInput(f"--config {p}: {exc}") from None
-    return data

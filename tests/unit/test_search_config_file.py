@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from cuco_kit.commands import search
+from cuco_kit.commands.search import read_run_file
 from cuco_kit.errors import BadInput
-from cuco_kit.search.config import SearchConfig, read_run_file
+from cuco_kit.search.config import SearchConfig
 
 WL = str(Path(__file__).resolve().parents[2] / "sample_kernels" / "gemm_allgather")
 
