@@ -69,7 +69,7 @@ _log = logging.getLogger("cuco_kit.events")
 class Event:
     kind: str
     run_id: int | None
-    data: dict
+    data: dict[str, Any]
     ts: float
     version: int = EVENT_SCHEMA_VERSION
     seq: int = 0  # per-bus publication order; callbacks of concurrent publishers may run out of this order

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cuco_kit import cuda_parse
 from cuco_kit.errors import BadInput
@@ -55,7 +56,7 @@ class L0Report:
     def cell(self) -> str:
         return design_cell(self.knobs)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,
             "reasons": list(self.reasons),

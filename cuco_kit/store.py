@@ -802,7 +802,7 @@ class Store:
 
     # ---- runs ---------------------------------------------------------------------------------------------
 
-    def create_run(self, *, workload: str, config: dict, seed: int = 0, badge: str = "real") -> int:
+    def create_run(self, *, workload: str, config: dict[str, Any], seed: int = 0, badge: str = "real") -> int:
         _check(badge, BADGES, "badge")
         now = time.time()
         return self._write("INSERT INTO runs (workload, config, seed, badge, state, created_at, updated_at) "
@@ -929,7 +929,7 @@ class Store:
     # ---- evaluations --------------------------------------------------------------------------------------
 
     def start_evaluation(self, program_id: int, *, world_size: int, backend: str, badge: str,
-                         request: dict) -> int:
+                         request: dict[str, Any]) -> int:
         _check(badge, BADGES, "badge")
         run_id = self._one("programs", program_id, "program")["run_id"]
         return self._write(
@@ -938,7 +938,7 @@ class Store:
             (program_id, run_id, int(world_size), backend, badge, _json(request, "evaluation request"),
              time.time()))
 
-    def finish_evaluation(self, evaluation_id: int, result: dict) -> None:
+    def finish_evaluation(self, evaluation_id: int, result: dict[str, Any]) -> None:
         """Store ``EvalResult.to_dict()`` and mark the evaluation done. Only an in-flight evaluation finishes: a
         late result for one marked interrupted (its re-run is another evaluation) is refused."""
         for k in ("level_reached", "verdict"):

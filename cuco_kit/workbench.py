@@ -29,10 +29,11 @@ from cuco_kit.fastpath import FastPath, FastPathConfig
 from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient, fixture_scripts
 from cuco_kit.llm.fake_server import Scripted
 from cuco_kit.search.budget import BudgetConfig
-from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.config import Backend, SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.executor import Executor
+from cuco_kit.search.gate import GateMode, gate_mode
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.start_point import StartPoint
 from cuco_kit.store import ProgramRow, Store
@@ -249,9 +250,9 @@ def pick_evaluator(prefer: str | None = None, *, seed: int = 0) -> EvaluatorChoi
 
 # ---- searches and evaluations from a notebook ----------------------------------------------------------------
 
-def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path, gate: str = "manual",
+def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path, gate: GateMode = "manual",
                generations: int = 10, proposals_per_generation: int = 4, world_size: int = 2,
-               backend: str = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
+               backend: Backend = "symm", params: dict[str, int] | None = None, iters: int = 20, seed: int = 0,
                llm: LLMClient | None = None,
                config: SearchConfig | dict[str, Any] | None = None,
                executor: Executor | None = None, start: StartPoint | None = None,
@@ -269,7 +270,7 @@ def new_search(workload_dir: str | Path, evaluator: Evaluator, *, db: str | Path
                            seed=seed, proposals_per_generation=proposals_per_generation)
     else:
         cfg = config if isinstance(config, SearchConfig) else SearchConfig.from_dict(dict(config))
-    cfg.gate = gate
+    cfg.gate = gate_mode(gate)  # checked: a notebook may pass any string
     cfg.budget = BudgetConfig(generations=generations)
     sources: list[Any] = [DesignSpaceSource(cfg.design_space)]
     if llm_calls is not None and (llm is not None or llm_calls.mode == "replay"):

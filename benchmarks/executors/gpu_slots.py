@@ -35,22 +35,22 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu, git_revision  # noqa: E402
+from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu, git_revision
 
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 
-from cuco_kit import markers  # noqa: E402
-from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator, prebuild  # noqa: E402
-from cuco_kit.evaluate.spec import EvaluatorSpec  # noqa: E402
-from cuco_kit.events import EventBus  # noqa: E402
-from cuco_kit.search.budget import BudgetConfig  # noqa: E402
-from cuco_kit.search.config import SearchConfig  # noqa: E402
-from cuco_kit.search.design_space import RandomKnobSource  # noqa: E402
-from cuco_kit.search.engine import SearchEngine  # noqa: E402
-from cuco_kit.search.slots import build_workers_default, local_executor  # noqa: E402
-from cuco_kit.store import Store  # noqa: E402
-from cuco_kit.workload import load_workload  # noqa: E402
+from cuco_kit import markers
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator, prebuild
+from cuco_kit.evaluate.spec import EvaluatorSpec
+from cuco_kit.events import EventBus
+from cuco_kit.search.budget import BudgetConfig
+from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.design_space import RandomKnobSource
+from cuco_kit.search.engine import SearchEngine
+from cuco_kit.search.slots import build_workers_default, local_executor
+from cuco_kit.store import Store
+from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 os.chdir(ROOT)  # the stores name the workload by its repository path

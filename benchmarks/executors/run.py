@@ -25,12 +25,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.spec import EvaluatorSpec  # noqa: E402
-from cuco_kit.search.ray_executor import ray_executor  # noqa: E402
-from cuco_kit.search.slots import SlotExecutor, local_executor  # noqa: E402
-from cuco_kit.search.synthetic import write_synthetic_workload  # noqa: E402
-from cuco_kit.workload import load_workload  # noqa: E402
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.spec import EvaluatorSpec
+from cuco_kit.search.ray_executor import ray_executor
+from cuco_kit.search.slots import SlotExecutor, local_executor
+from cuco_kit.search.synthetic import write_synthetic_workload
+from cuco_kit.workload import load_workload
 
 HERE = Path(__file__).resolve().parent
 TARGET = 3.0

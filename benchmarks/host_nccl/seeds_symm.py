@@ -21,10 +21,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cuco_kit.evaluate.api import EvalRequest  # noqa: E402
-from cuco_kit.evaluate.device import detect_gpu, git_revision  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator, prebuild  # noqa: E402
-from cuco_kit.workload import load_workload  # noqa: E402
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.device import detect_gpu, git_revision
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator, prebuild
+from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ("allgather", "gemm_allgather", "moe_dispatch_combine", "attention_cp", "kv_transfer")

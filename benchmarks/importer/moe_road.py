@@ -26,11 +26,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from cuco_kit.evaluate.api import EvalRequest, EvalResult, checked_against  # noqa: E402
-from cuco_kit.evaluate.device import detect_gpu, git_revision  # noqa: E402
-from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator  # noqa: E402
-from cuco_kit.importer.session import ImportSession  # noqa: E402
-from cuco_kit.workload import load_workload  # noqa: E402
+from cuco_kit.evaluate.api import EvalRequest, EvalResult, checked_against
+from cuco_kit.evaluate.device import detect_gpu, git_revision
+from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
+from cuco_kit.importer.session import ImportSession
+from cuco_kit.workload import load_workload
 
 RIGHT_OFFSET = "ncclGetLsaPointer(dst, (size_t)me * chunkVecs"
 WRONG_OFFSET = "ncclGetLsaPointer(dst, (size_t)peer * chunkVecs"

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -80,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(LEVELS), unit="level", desc=Path(args.candidate).name, file=sys.stderr, leave=False,
                disable=args.json or not sys.stderr.isatty())
 
-    def progress(ev: dict) -> None:
+    def progress(ev: dict[str, Any]) -> None:
         level = ev.get("level")
         if level in LEVELS:
             bar.update(max(0, LEVELS.index(level) - bar.n))  # the levels before this one are done

@@ -142,7 +142,7 @@ class LLMBreaker:
     def config(self) -> Any:
         return getattr(self.inner, "config", None)
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         if self.tripped:
             raise LLMUnavailable(f"LLM call '{purpose}' not sent: the last {self.limit} calls got no answer")

@@ -26,7 +26,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                         "proposal); default $CUCO_MODEL")
     g.add_argument("--models", type=Path, default=None, metavar="FILE.json",
                    help="per-role models and per-model settings (price, send_temperature, reasoning_effort, "
-                        "context_tokens, base_url); see docs/search.md")
+                        "context_tokens, base_url); see docs/llm_search.md")
 
 
 def models_from_args(args: argparse.Namespace) -> ModelsConfig:

@@ -19,6 +19,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
+    import tomli as tomllib
 
 from tqdm import tqdm
 
@@ -30,6 +36,8 @@ from cuco_kit.commands.executor_options import (
     slot_printer,
 )
 from cuco_kit.commands.llm_options import (
+    DEFAULT_BUDGET_DOLLARS,
+    DEFAULT_TOKEN_BUDGET,
     PROBE_TIMEOUT_S,
     LLMBreaker,
     add_llm_arguments,
@@ -48,7 +56,6 @@ from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient
-from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import TIMELINE_CHOICES, SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
@@ -67,6 +74,13 @@ HELP = "evolutionary search over a workload"
 # sources have nothing new to propose ends before its generations anyway ("design space exhausted").
 MAX_GENERATIONS = 10_000
 MAX_SEED = 2**32 - 1  # what every seeded generator the search uses accepts (numpy's included)
+# The flags that set a SearchConfig value: flag dest -> (the value's key, dotted for a table's; the flag's default).
+# A flag given on the command line wins over --config's file, the file over the default.
+FLAG_KEYS: dict[str, tuple[str, Any]] = {
+    "ranks": ("world_size", 1), "backend": ("backend", "nccl"), "seed": ("seed", 0),
+    "generations": ("budget.generations", 10), "llm_budget": ("budget.llm_dollars", DEFAULT_BUDGET_DOLLARS),
+    "llm_token_budget": ("budget.llm_tokens", DEFAULT_TOKEN_BUDGET), "target": ("target_ratio", None),
+    "timeline": ("timeline", "every")}
 NO_GPU_HINT = ("use --evaluator simulated (a synthetic landscape, numbers badged SIMULATED) or --evaluator replay "
                "(real measurements recorded on a GPU machine)")
 
@@ -83,7 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed of the search")
     parser.add_argument("--evaluator", choices=["gpu", "replay", "simulated"], default="gpu")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--target", type=float, default=None, metavar="RATIO",
+    parser.add_argument("--config", type=Path, metavar="RUN.toml",
+                        help="search settings: SearchConfig's fields, with tables [budget], [islands], [selection], "
+                             "[phases], [novelty], [meta], [design_space], [models], [params] (docs/llm_search.md); a "
+                             "flag given here wins over the file, the file over the defaults")
+    parser.add_argument("--target", type=float, metavar="RATIO",
                         help="stop once a program is faster than the seed by this ratio (e.g. 1.2) with its 95%% "
                              "interval clear of it (the interval's lower bound above RATIO)")
     parser.add_argument("--from", dest="from_result", metavar="RESULT.cu", action="append", default=[],
@@ -91,13 +109,86 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "knob block the design space) instead of the workload's baseline; repeat it to start "
                              "from several: the first is the root, each further one is evaluated at generation 0 "
                              "on an island of its own in turn")
-    parser.add_argument("--timeline", choices=list(TIMELINE_CHOICES), default="every",
+    parser.add_argument("--timeline", choices=list(TIMELINE_CHOICES),
                         help="record each evaluation's per-rank kernel timeline (the overlap column; one more untimed "
                              "profiled step per evaluation) or not")
     add_llm_arguments(parser, scope="run")
     add_recording_arguments(parser)
     add_model_arguments(parser)
     add_executor_arguments(parser)
+    # None: not given on the command line (resolve_config then takes the file's value, else the default).
+    parser.set_defaults(**dict.fromkeys(FLAG_KEYS))
+
+
+MAX_RUN_FILE_BYTES = 1 << 20  # far beyond any settings file; a larger one is not one
+
+
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """The settings of a run file (TOML: SearchConfig's fields and tables), checked strictly: a key SearchConfig
+    does not know is refused by name. BadInput (one line) for a file that cannot be read or is not TOML."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_RUN_FILE_BYTES:
+            raise BadInput(f"--config {p}: larger than {MAX_RUN_FILE_BYTES >> 10} KiB; is it a settings file?")
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadInput(f"--config {p}: cannot read it ({exc.strerror or exc}); pass a TOML file") from None
+    except UnicodeDecodeError:
+        raise BadInput(f"--config {p}: not UTF-8 text; pass a TOML file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"--config {p}: not TOML ({exc})") from None
+    try:
+        SearchConfig.from_dict(data, strict=True)
+    except BadInput as exc:
+        raise BadInput(f"--config {p}: {exc}") from None
+    return data
+
+
+def _get(d: dict[str, Any], key: str) -> Any:
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
+
+
+def _put(d: dict[str, Any], key: str, value: Any) -> None:
+    *tables, last = key.split(".")
+    for part in tables:
+        d = d.setdefault(part, {})
+    d[last] = value
+
+
+def resolve_config(args: argparse.Namespace) -> SearchConfig:
+    """The run's SearchConfig, every value resolved here: from the command line when given there, else from
+    --config's file, else the default (the flag's for FLAG_KEYS and --size, SearchConfig's for the rest). The
+    flags' resolved values are written back to ``args``, which the checks and the evaluator read; --size overrides
+    the file's [params] one by one; --models replaces the file's [models] and --mutation-model adds to them. A key
+    the file has that SearchConfig does not know is refused by name."""
+    data = read_run_file(args.config) if args.config is not None else {}
+    for dest, (key, default) in FLAG_KEYS.items():
+        if getattr(args, dest) is None:
+            from_file = _get(data, key)
+            setattr(args, dest, default if from_file is None else from_file)
+        _put(data, key, getattr(args, dest))
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise BadInput(f"--config {args.config}: [params] must be a table of NAME = VALUE, got {params!r}")
+    _check_arguments(args)  # the flags' values, from wherever they came, named by their flag
+    data["params"] = {**params, **parse_overrides(args.size)}
+    models = models_from_args(args)
+    if args.models is None and isinstance(data.get("models"), dict):
+        try:
+            from_file = ModelsConfig.from_dict(data["models"], strict=True)
+        except (BadInput, TypeError, ValueError) as exc:
+            raise BadInput(f"--config {args.config}: {exc}") from None
+        from_file.mutation += [m for m in models.mutation if m.name not in {f.name for f in from_file.mutation}]
+        models = from_file
+    data["models"] = models
+    try:
+        return SearchConfig.from_dict(data, strict=True)
+    except BadInput as exc:
+        raise BadInput(f"--config {args.config}: {exc}" if args.config is not None else str(exc)) from None
 
 
 def _check_arguments(args: argparse.Namespace) -> None:
@@ -117,11 +208,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
                        "mixed")
 
 
-def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
-    """The workload's sizes (with --size) suit --ranks, the baseline is checked like a --from file (markers,
-    blocks, knob block; with the offline mutator it needs knobs) and the seed is readable source text. Returns
-    the --size overrides."""
-    params = parse_overrides(args.size)
+def _check_workload(wl: Workload, args: argparse.Namespace, params: dict[str, int]) -> None:
+    """The workload's sizes (``params``: the file's and --size's overrides) suit --ranks, the baseline is checked
+    like a --from file (markers, blocks, knob block; with the offline mutator it needs knobs) and the seed is
+    readable source text."""
     wl.check(params, args.ranks)
     starts = _starts(args)
     if starts:
@@ -134,7 +224,6 @@ def _check_workload(wl: Workload, args: argparse.Namespace) -> dict[str, int]:
                            "only moves knobs; add one (docs/contracts.md) or use --mutator llm")
     if args.backend in wl.seeds:
         read_source(wl.seed_for(args.backend), f"workload {wl.name}: {args.backend} seed")
-    return params
 
 
 def _starts(args: argparse.Namespace) -> list[str]:
@@ -264,10 +353,11 @@ def _progress_bar(engine: SearchEngine, bar: tqdm) -> Callable[[Event], None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    _check_arguments(args)
+    config = resolve_config(args)  # checks the flags' values too
     workload_dir = Path(args.workload)
     wl = load_workload(workload_dir)
-    params = _check_workload(wl, args)
+    params = config.params
+    _check_workload(wl, args, params)
     llm: LLMConfig | None = None
     calls = call_log(args)
     if args.mutator != "offline":
@@ -278,7 +368,7 @@ def run(args: argparse.Namespace) -> int:
     db = Path(args.db)
     if not db.parent.exists():
         raise BadInput(f"--db {db}: folder {db.parent} does not exist; create it first")
-    models = models_from_args(args)
+    models = config.models
     executor = make_executor(args, spec, str(workload_dir))
     evaluator = executor or spec.make()  # a replay recording that is no store is refused here, before --db exists
     try:
@@ -291,11 +381,8 @@ def run(args: argparse.Namespace) -> int:
         raise
     starts = _starts(args)
     start = start_from(starts[0], store) if starts else None
-    config = SearchConfig(world_size=args.ranks, backend=args.backend, seed=args.seed, params=params,
-                          timeline=getattr(args, "timeline", "every"),
-                          budget=BudgetConfig(generations=args.generations, llm_dollars=args.llm_budget,
-                                              llm_tokens=args.llm_token_budget), models=models,
-                          target_ratio=getattr(args, "target", None), initial_programs=[str(p) for p in starts[1:]])
+    if len(starts) > 1:  # the first --from is the root; the rest start at generation 0 beside it
+        config.initial_programs = [str(p) for p in starts[1:]]
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}

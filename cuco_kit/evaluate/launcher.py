@@ -160,7 +160,7 @@ def host_store(timeout_s: float = 300.0) -> HostedStore:
     """A TCPStore hosted by this (parent) process on 127.0.0.1 only, under a fresh token. Imports torch.distributed
     only. The listening socket is bound here and handed to torch (``master_listen_fd``): asked for a host, torch
     listens on every interface."""
-    from torch.distributed import TCPStore  # noqa: PLC0415 - torch is heavy: only to host a store
+    from torch.distributed import TCPStore  # torch is heavy: only to host a store
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -183,7 +183,7 @@ def host_store(timeout_s: float = 300.0) -> HostedStore:
 
 def client_store(port: int, token: str, timeout_s: float = 300.0) -> Any:
     """A rank's connection to the parent's store, sealing with ``token``."""
-    from torch.distributed import TCPStore  # noqa: PLC0415 - torch is heavy: only to reach the store
+    from torch.distributed import TCPStore  # torch is heavy: only to reach the store
 
     raw = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=timeout_s))
     return sealed_store(raw, token)
@@ -214,7 +214,7 @@ def mark_undumpable() -> bool:
 class _Namespace:
     """A world's PID namespace: the holder (``unshare`` and, under it, pid 1) and the pipe that keeps it alive."""
 
-    holder: subprocess.Popen
+    holder: subprocess.Popen[bytes]
     life_fd: int
     tools: dict[str, str]  # name -> absolute path (NS_TOOLS)
 
@@ -306,7 +306,7 @@ def _tail(path: Path, limit: int) -> str:
 class RankGroup:
     """N running rank processes in one process group, with stdout+stderr of each in ``log_dir/rank<r>.log``."""
 
-    procs: list[subprocess.Popen]
+    procs: list[subprocess.Popen[bytes]]
     log_dir: Path
     pgids: list[int]
     cwd: Path
@@ -461,7 +461,7 @@ def launch(argv: Sequence[str], world: int, *, scratch: Path, master_port: int,
     ns, note = _open_namespace(log_dir) if pid_namespace else (None, "no PID namespace (not requested)")
     isolation = Isolation(ns is not None, undumpable, note)
     prefix = ns.enter(run_dir) if ns is not None else []
-    procs: list[subprocess.Popen] = []
+    procs: list[subprocess.Popen[bytes]] = []
 
     def group() -> RankGroup:
         return RankGroup(procs, log_dir, [p.pid for p in procs], run_dir, isolation, ns,

@@ -52,7 +52,7 @@ class ReplayEvaluator:
         self.hits = 0
         self.misses = 0
         # (code hash, world, backend) -> [(stored request params, evaluation row, its store)], newest last
-        self._index: dict[tuple[str, int, str], list[tuple[dict, EvaluationRow, str]]] = {}
+        self._index: dict[tuple[str, int, str], list[tuple[dict[str, Any], EvaluationRow, str]]] = {}
         for path, store in zip(self.paths, self._stores):
             for run in store.runs():
                 programs = {p["id"]: p for p in store.programs(run["id"])}

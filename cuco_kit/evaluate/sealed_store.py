@@ -34,7 +34,7 @@ def sealed_store(inner: Any, token: str) -> Any:
 
 @cache
 def _store_class() -> type:
-    import torch.distributed as dist  # noqa: PLC0415 - torch is heavy: only where a store is made
+    import torch.distributed as dist  # torch is heavy: only where a store is made
 
     class SealedStore(dist.Store):
         def __init__(self, inner: Any, token: str) -> None:

@@ -424,7 +424,7 @@ class FastPath:
         return outcome
 
     # -- one attempt --------------------------------------------------------------------------------------
-    def _messages(self, stage: str, code: str, history: list[Attempt]) -> list[dict]:
+    def _messages(self, stage: str, code: str, history: list[Attempt]) -> list[dict[str, Any]]:
         hist = self._history_text(history)
         if stage == "annotate":
             user = render("fastpath_annotate", code=code, history=hist)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from cuco_kit.errors import CucoError
 
@@ -35,7 +35,7 @@ class Completion:
 class LLMClient(Protocol):
     def complete(
         self,
-        messages: list[dict],
+        messages: list[dict[str, Any]],
         *,
         purpose: str,
         temperature: float | None = None,
@@ -92,7 +92,7 @@ def canonical_json(obj: object) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def request_hash(messages: list[dict], purpose: str) -> str:
+def request_hash(messages: list[dict[str, Any]], purpose: str) -> str:
     """sha256 (hex) of the canonical JSON of the messages and the purpose.
 
     Sampling settings and the model are left out on purpose: a recording made with one model replays for a

@@ -187,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     timeout = 5.0  # a client that connects and sends nothing cannot hold stop() for long
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         log.debug("fake server: " + format, *args)
 
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
@@ -209,7 +209,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, message: str, etype: str) -> None:
         self._json(status, {"error": {"message": message, "type": etype, "fixture": True}})
 
-    def do_GET(self) -> None:  # noqa: N802 - stdlib name
+    def do_GET(self) -> None:  # stdlib name
         fake = self.server.fake
         fake._record(self, None, None)
         if self.path.rstrip("/") == "/v1/models":
@@ -219,7 +219,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"fake server: no GET {self.path}", "not_found")
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib name
+    def do_POST(self) -> None:  # stdlib name
         fake = self.server.fake
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length).decode("utf-8", "replace")

@@ -101,7 +101,7 @@ class Reservation:
         return self.prompt_tokens + self.max_tokens
 
 
-def prompt_tokens_bound(messages: list[dict]) -> int:
+def prompt_tokens_bound(messages: list[dict[str, Any]]) -> int:
     """An upper bound on the prompt tokens of `messages`: the UTF-8 bytes of each message's JSON plus the chat
     template's overhead. Byte-level tokenizers (BPE with byte fallback) never make more tokens than bytes."""
     return _TOKENS_PER_REQUEST + sum(len(canonical_json(m).encode("utf-8")) + _TOKENS_PER_MESSAGE
@@ -213,7 +213,7 @@ class Ledger:
         return None
 
     # -- writing --------------------------------------------------------------------------------------------
-    def reserve(self, model: str, messages: list[dict], max_tokens: int, purpose: str, *,
+    def reserve(self, model: str, messages: list[dict[str, Any]], max_tokens: int, purpose: str, *,
                 capped: bool = True) -> Reservation:
         """Hold the worst case of a call to `model` against the budget, or raise LLMBudgetExceeded (nothing is
         held then). ``capped``: the call is sent with ``max_tokens`` (else it is only reserved as if it were).
@@ -343,7 +343,7 @@ class LedgeredClient:
         self.inner = inner
         self.ledger = ledger
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         rh = request_hash(messages, purpose)
         # The best guess of the model before an answer names it: the configured one.

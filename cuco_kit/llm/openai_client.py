@@ -194,7 +194,7 @@ def call_with_retries(send: Callable[[], T], config: LLMConfig, *, what: str,
                                 "LLMConfig.max_retries/timeout_s."), attempts=attempts)
 
 
-def _check_messages(messages: list[dict]) -> None:
+def _check_messages(messages: list[dict[str, Any]]) -> None:
     if not isinstance(messages, list) or not messages:
         raise LLMError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
     for i, m in enumerate(messages):
@@ -215,7 +215,7 @@ class OpenAICompatibleClient:
     def __repr__(self) -> str:
         return f"OpenAICompatibleClient(base_url={self.config.base_url!r}, model={self.config.model!r})"
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         _check_messages(messages)
         kwargs: dict[str, Any] = {}

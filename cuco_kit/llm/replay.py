@@ -53,7 +53,7 @@ class RecordingClient:
         """The recorded client's config (the ledger reads its model and prices through it)."""
         return getattr(self.inner, "config", None)
 
-    def _append(self, messages: list[dict], purpose: str, c: Completion | None, truncated: bool,
+    def _append(self, messages: list[dict[str, Any]], purpose: str, c: Completion | None, truncated: bool,
                 error: LLMError | None = None) -> None:
         rec: dict[str, Any] = {"v": FORMAT_VERSION, "hash": request_hash(messages, purpose), "purpose": purpose,
                                "messages": messages, "completion": dataclasses.asdict(c) if c else None,
@@ -66,7 +66,7 @@ class RecordingClient:
             with self.path.open("a", encoding="utf-8") as f:
                 f.write(line + "\n")
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         try:
             c = self.inner.complete(messages, purpose=purpose, temperature=temperature, max_tokens=max_tokens)
@@ -87,7 +87,7 @@ class ReplayClient:
         self.path = Path(path)
         if not self.path.is_file():
             raise LLMError(f"no LLM recording at {self.path}: record one with RecordingClient first")
-        self._answers: dict[str, list[dict]] = defaultdict(list)
+        self._answers: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self._served: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
         with self.path.open(encoding="utf-8") as f:
@@ -106,7 +106,7 @@ class ReplayClient:
     def __len__(self) -> int:
         return sum(len(v) for v in self._answers.values())
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         start = time.monotonic()
         h = request_hash(messages, purpose)
@@ -147,7 +147,7 @@ class _Replayed:
         self._replay = replay
         self.config = config
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         try:
             return self._replay.complete(messages, purpose=purpose, temperature=temperature, max_tokens=max_tokens)

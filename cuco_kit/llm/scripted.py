@@ -8,6 +8,8 @@ does); token counts are the fake server's approximation (whitespace-separated wo
 """
 from __future__ import annotations
 
+from typing import Any
+
 from cuco_kit.llm import prices as _prices
 from cuco_kit.llm.client import Completion, LLMError, LLMRequestRejected, LLMTruncated
 from cuco_kit.llm.fake_server import Scripted, approx_tokens, content_text, pick
@@ -23,9 +25,9 @@ class ScriptedClient:
         self.script = list(script)
         # base_url is never contacted: the config carries the model name and prices for the ledger.
         self.config = LLMConfig(base_url="http://127.0.0.1:9/v1", model=model, prices=prices)
-        self.requests: list[list[dict]] = []
+        self.requests: list[list[dict[str, Any]]] = []
 
-    def complete(self, messages: list[dict], *, purpose: str, temperature: float | None = None,
+    def complete(self, messages: list[dict[str, Any]], *, purpose: str, temperature: float | None = None,
                  max_tokens: int | None = None) -> Completion:
         self.requests.append(messages)
         last_user = next((content_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")

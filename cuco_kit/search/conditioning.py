@@ -26,7 +26,7 @@ def device_api_kind(code: str) -> str:
 def api_excerpt(code: str) -> str:
     """The NCCL device-API declarations for the program's backend, or one line saying why there are none."""
     try:  # nccl_api imports tree-sitter at module level (absent on the GPU image): only when a prompt needs it
-        from cuco_kit.prompts.nccl_api import device_api_excerpts  # noqa: PLC0415
+        from cuco_kit.prompts.nccl_api import device_api_excerpts
 
         return device_api_excerpts(device_api_kind(code))
     except (CucoError, ImportError) as exc:

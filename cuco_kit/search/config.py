@@ -2,33 +2,62 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.archive import DEFAULT_FEATURES
 from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.design_space import DesignSpaceConfig
+from cuco_kit.search.gate import GateMode
 from cuco_kit.search.islands import IslandConfig
 from cuco_kit.search.meta import MetaConfig
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.novelty import NoveltyConfig
-from cuco_kit.search.phases import PhaseConfig
+from cuco_kit.search.phases import PhaseConfig, PhaseSettings
 from cuco_kit.search.selection import SelectionConfig
 
 TIMELINE_CHOICES = ("every", "off")
+# How candidates talk across ranks: host NCCL collectives, or the runtime's symmetric memory (several ranks may
+# share a GPU). The evaluator's request carries the same names.
+Backend = Literal["nccl", "symm"]
+BACKENDS: tuple[Backend, ...] = ("nccl", "symm")
+
+# The tables of a SearchConfig that are plain dataclasses (models and phases have their own from_dict).
+TABLES: dict[str, type] = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
+                           "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}
+
+
+def _names(cls: type) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _refuse_unknown(d: dict[str, Any], known: Iterable[str], where: str) -> None:
+    known = list(known)
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        raise BadInput(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+
+
+def _table(d: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """``d[key]`` when it is a table; None when absent; BadInput when it is something else."""
+    v = d.get(key)
+    if v is None or isinstance(v, dict):
+        return v
+    raise BadInput(f"[{key}] must be a table of settings, got {v!r}")
 
 
 @dataclass
 class SearchConfig:
     world_size: int = 1
-    backend: str = "nccl"  # "nccl" | "symm"
+    backend: Backend = "nccl"
     params: dict[str, int] = field(default_factory=dict)  # workload parameter overrides
     iters: int = 20  # timed iterations per evaluation
     seed: int = 0  # seeds proposal order, parent draws and samplers: same seed, same programs
     proposals_per_generation: int = 4
     slots: int = 1  # evaluations at once (GPUs, or concurrent evaluations the evaluator takes)
-    gate: str = "auto"  # "auto" | "manual"
+    gate: GateMode = "auto"
     max_pending: int = 8  # manual gate: stop proposing while this many wait for a decision
     # A search ends when this many generations in a row bring nothing new (LLM answers that repeat the run, or
     # none); a generation of design-space slots only that finds no untried knob setting ends it at once.
@@ -57,8 +86,8 @@ class SearchConfig:
     timeline: str = "every"
 
     def __post_init__(self) -> None:
-        if self.backend not in ("nccl", "symm"):
-            raise BadInput(f"backend {self.backend!r} is not one of nccl, symm")
+        if self.backend not in BACKENDS:  # a value read from a file or a stored run is checked here
+            raise BadInput(f"backend {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.world_size < 1:
             raise BadInput(f"world_size must be >= 1, got {self.world_size}")
         if self.proposals_per_generation < 1 or self.slots < 1 or self.max_empty_generations < 1:
@@ -77,16 +106,37 @@ class SearchConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SearchConfig:
+    def from_dict(cls, d: dict[str, Any], *, strict: bool = False) -> SearchConfig:
+        """The config of ``d``. ``strict`` (a file the user wrote, `cuco search --config`): a key this code does
+        not know, at the top or in any table, is refused by name, and so is a value of the wrong kind (one line);
+        otherwise (a stored run's config, maybe from a newer version) an unknown key is left out."""
         d = dict(d)
-        sub = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
-               "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}
-        for k, t in sub.items():
-            if isinstance(d.get(k), dict):
-                d[k] = t(**d[k])
+        if not strict:
+            return cls._build(d, strict=False)
+        _refuse_unknown(d, _names(cls), "search config")
+        try:
+            return cls._build(d, strict=True)
+        except TypeError as exc:  # a value of the wrong kind (a string where a number goes, ...)
+            raise BadInput(f"search config: a value is missing or of the wrong kind ({exc})") from None
+
+    @classmethod
+    def _build(cls, d: dict[str, Any], *, strict: bool) -> SearchConfig:
+        for k, t in TABLES.items():
+            table = _table(d, k) if strict else (d.get(k) if isinstance(d.get(k), dict) else None)
+            if table is not None:
+                if strict:
+                    _refuse_unknown(table, _names(t), f"[{k}]")
+                d[k] = t(**{n: v for n, v in table.items() if n in _names(t)})
+        phases = _table(d, "phases") if strict else (d.get("phases") if isinstance(d.get("phases"), dict) else None)
+        if phases is not None:
+            if strict:
+                _refuse_unknown(phases, _names(PhaseConfig), "[phases]")
+                for k in ("explore", "exploit"):
+                    if (sub := _table(phases, k)) is not None:
+                        _refuse_unknown(sub, _names(PhaseSettings), f"[phases.{k}]")
+            d["phases"] = PhaseConfig.from_dict(phases)
         if isinstance(d.get("models"), dict):
-            d["models"] = ModelsConfig.from_dict(d["models"])
-        if isinstance(d.get("phases"), dict):
-            d["phases"] = PhaseConfig.from_dict(d["phases"])
-        known = set(cls.__dataclass_fields__)
+            d["models"] = ModelsConfig.from_dict(d["models"], strict=strict)
+        known = set(_names(cls))
         return cls(**{k: v for k, v in d.items() if k in known})
+

@@ -106,7 +106,7 @@ class DesignSpaceSource:
         self.last_sampler = ""
 
     # -- sampler --------------------------------------------------------------------------------------------
-    def _sampler(self, ctx: ProposalContext, seed: int, constraints: Callable) -> Any:
+    def _sampler(self, ctx: ProposalContext, seed: int, constraints: Callable[..., Any]) -> Any:
         import optuna
 
         want = self.config.sampler
@@ -155,9 +155,9 @@ class DesignSpaceSource:
         by_name = {k.name: k for k in knobs}
         allowed = {k.name: k.allowed for k in knobs}
         parent_values = {k.name: k.value for k in knobs}
-        known_bad: set[tuple] = set()
+        known_bad: set[tuple[str, ...]] = set()
 
-        def key(values: dict[str, Any]) -> tuple:
+        def key(values: dict[str, Any]) -> tuple[str, ...]:
             return tuple(str(values[n]) for n in dists)
 
         def constraints(trial: Any) -> list[float]:
@@ -172,7 +172,7 @@ class DesignSpaceSource:
         seed = zlib.crc32(f"{ctx.seed}/{parent.id}/{len(lineage)}/{ctx.generation}/{ctx.island}".encode())
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(direction="maximize", sampler=self._sampler(ctx, seed, constraints))
-        seen: dict[tuple, ProgramView | None] = {key(parent_values): parent}
+        seen: dict[tuple[str, ...], ProgramView | None] = {key(parent_values): parent}
 
         # The parent's point first: enqueued, asked, told with what the store knows of it.
         study.enqueue_trial(to_params(by_name, parent_values))
@@ -232,7 +232,8 @@ class DesignSpaceSource:
                 out.append(self._proposal(ctx, parent, parent_values, values, code, len(lineage), None))
         return out
 
-    def _tell(self, study: Any, trial: Any, program: ProgramView | None, known_bad: set, k: tuple) -> None:
+    def _tell(self, study: Any, trial: Any, program: ProgramView | None, known_bad: set[tuple[str, ...]],
+              k: tuple[str, ...]) -> None:
         import optuna
 
         if program is None or not program.evaluated:
@@ -244,7 +245,7 @@ class DesignSpaceSource:
             study.tell(trial, program.fitness)
 
     @staticmethod
-    def _apply(code: str, knobs: list, values: dict[str, str]) -> str | None:
+    def _apply(code: str, knobs: list[markers.Knob], values: dict[str, str]) -> str | None:
         """SEARCH/REPLACE edits of the changed knob lines (each line is unique: a knob is declared once),
         applied with cuco_kit.patch, the path an LLM's diff takes."""
         target = markers.set_knobs(code, values).split("\n")

@@ -181,7 +181,7 @@ class SearchEngine:
         self._initial_codes: list[str] = []  # the further starting programs' code (config.initial_programs)
         self._owner = False  # this engine holds the store's owner lock
         self._gen_done = 0
-        self._migrations: list[dict] = []
+        self._migrations: list[dict[str, Any]] = []
         self._meta_summary = ""
         self._wall_before = 0.0
         self._budget: BudgetTracker | None = None  # made with the run, in _setup
@@ -774,7 +774,7 @@ class SearchEngine:
         for r in requests[slots:]:
             self.executor.prebuild(r)
         queue = list(zip(programs, requests))
-        inflight: dict[cf.Future, tuple[ProgramView, int]] = {}
+        inflight: dict[cf.Future[EvalResult], tuple[ProgramView, int]] = {}
         while queue or inflight:
             if not inflight:
                 self._hold_if_paused()  # a pause also holds the rest of a round's batch
@@ -793,7 +793,7 @@ class SearchEngine:
     def _hard_stopping(self) -> bool:
         return self._stop.is_set() or self.budget.hard_stop() is not None
 
-    def _submit(self, p: ProgramView, req: EvalRequest) -> tuple[cf.Future, tuple[ProgramView, int]]:
+    def _submit(self, p: ProgramView, req: EvalRequest) -> tuple[cf.Future[EvalResult], tuple[ProgramView, int]]:
         stored = req.__dict__.copy()
         if p.id in self._rerun_of:
             stored["rerun_of"] = self._rerun_of[p.id]
@@ -806,13 +806,13 @@ class SearchEngine:
         self._emit("evaluation_started", evaluation_id=eid, program_id=p.id, world_size=req.world_size,
                    backend=req.backend, badge=self.badge, name=p.name, source=p.source)
 
-        def progress(d: dict) -> None:
+        def progress(d: dict[str, Any]) -> None:
             data = {k: v for k, v in d.items() if k not in ("evaluation_id", "program_id")}
             self._emit("evaluation_progress", evaluation_id=eid, program_id=p.id, **data)
 
         return self.executor.submit(req, progress), (p, eid)
 
-    def _commit(self, p: ProgramView, eid: int, fut: cf.Future) -> None:
+    def _commit(self, p: ProgramView, eid: int, fut: cf.Future[EvalResult]) -> None:
         try:
             result: EvalResult = fut.result()
         except Exception as exc:  # noqa: BLE001 - an evaluator bug is recorded as an error result

@@ -10,11 +10,21 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from typing import Literal
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.proposal import Proposal
 
-MODES = ("auto", "manual")
+GateMode = Literal["auto", "manual"]
+MODES: tuple[GateMode, ...] = ("auto", "manual")
+
+
+def gate_mode(mode: str) -> GateMode:
+    """``mode`` as a GateMode; BadInput (one line) when it is none."""
+    for m in MODES:
+        if mode == m:
+            return m
+    raise BadInput(f"gate mode {mode!r} is not one of {', '.join(MODES)}")
 
 
 @dataclass
@@ -28,9 +38,7 @@ class Decision:
 
 class ApprovalGate:
     def __init__(self, mode: str = "auto") -> None:
-        if mode not in MODES:
-            raise BadInput(f"gate mode {mode!r} is not one of {', '.join(MODES)}")
-        self._mode = mode
+        self._mode = gate_mode(mode)
         self._lock = threading.Lock()
         self._pending: dict[int, Proposal] = {}
         self._claimed: set[int] = set()  # decided by a person, not yet drained
@@ -39,14 +47,12 @@ class ApprovalGate:
 
     # -- any thread -----------------------------------------------------------------------------------------
     @property
-    def mode(self) -> str:
+    def mode(self) -> GateMode:
         return self._mode
 
     def set_mode(self, mode: str) -> None:
         """Switch modes; switching to "auto" approves what is waiting (at the engine's next drain)."""
-        if mode not in MODES:
-            raise BadInput(f"gate mode {mode!r} is not one of {', '.join(MODES)}")
-        self._mode = mode
+        self._mode = gate_mode(mode)
         if mode == "auto":
             for pid in self.pending_ids():
                 try:

@@ -8,6 +8,7 @@ would only spend GPU time), and the migration is recorded in the run's metadata 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.population import Population
@@ -37,11 +38,11 @@ def due(generation: int, config: IslandConfig) -> bool:
         and generation % config.migration_interval == 0
 
 
-def migrate(population: Population, generation: int, config: IslandConfig) -> list[dict]:
+def migrate(population: Population, generation: int, config: IslandConfig) -> list[dict[str, Any]]:
     """Copy the best ``migrants`` of each island to the next island on the ring; returns the migrations made
     ({"generation", "program_id", "from", "to"}), already applied to ``population``. Programs already on the
     target island are not copied again."""
-    moves: list[dict] = []
+    moves: list[dict[str, Any]] = []
     # Decide all moves from the state before any of them, so the ring order does not matter.
     for i in range(config.islands):
         target = (i + 1) % config.islands

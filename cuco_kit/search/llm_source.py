@@ -212,7 +212,7 @@ class LLMSource:
             ctx.population, ctx.parent, workload=e.workload.name, description=e.workload.description,
             backend=e.config.backend, world_size=e.config.world_size)
 
-    def build_messages(self, ctx: ProposalContext, kind: str) -> list[dict]:
+    def build_messages(self, ctx: ProposalContext, kind: str) -> list[dict[str, Any]]:
         parent = ctx.parent
         values: dict[str, Any] = dict(
             phase=ctx.phase.name, phase_hint=ctx.phase.hint, parent_id=parent.id, parent_result=parent.summary(),
@@ -229,7 +229,7 @@ class LLMSource:
         return [{"role": "system", "content": prompts.load("search_system")},
                 {"role": "user", "content": prompts.render(name, **{k: v for k, v in values.items() if k in wanted})}]
 
-    def max_tokens(self, ctx: ProposalContext, kind: str, model: str | None, messages: list[dict]) -> int:
+    def max_tokens(self, ctx: ProposalContext, kind: str, model: str | None, messages: list[dict[str, Any]]) -> int:
         """The answer's cap: from the size of what is asked for (every block for a rewrite or crossover, the
         largest block for a diff), the model's thinking, and the room its context leaves."""
         if self.config.max_tokens is not None:
@@ -247,7 +247,7 @@ class LLMSource:
                                              max(256, room) if room is not None else None)
 
     # -- one exchange ---------------------------------------------------------------------------------------
-    def _complete(self, model: str | None, messages: list[dict], purpose: str, temperature: float,
+    def _complete(self, model: str | None, messages: list[dict[str, Any]], purpose: str, temperature: float,
                   max_tokens: int) -> tuple[str, Completion]:
         """An answer, continued while it is cut at the length limit (config.continuations times at most)."""
         client = self.clients[model]
@@ -286,7 +286,7 @@ class LLMSource:
                       "model": model, "what": what, "reason": reason[:500]})
         e.store.put_meta(e.run_id, NOTES_KEY, notes[-NOTES_KEPT:])
 
-    def _exchange(self, ctx: ProposalContext, kind: str, model: str | None, messages: list[dict],
+    def _exchange(self, ctx: ProposalContext, kind: str, model: str | None, messages: list[dict[str, Any]],
                   purpose: str, *, patch_retries: int | None = None) -> Proposal:
         """Ask, then repair: continue a cut answer, retry an unapplicable one with its error, resample a
         near-duplicate. Raises AnswerRejected with the reason when nothing usable came back."""

@@ -40,7 +40,7 @@ def ngrams(code: str, n: int = 4) -> frozenset[tuple[str, ...]]:
     return frozenset(tuple(toks[i:i + n]) for i in range(len(toks) - n + 1))
 
 
-def jaccard(a: frozenset, b: frozenset) -> float:
+def jaccard(a: frozenset[tuple[str, ...]], b: frozenset[tuple[str, ...]]) -> float:
     if not a and not b:
         return 1.0
     return len(a & b) / len(a | b)
@@ -85,10 +85,10 @@ class NoveltyFilter:
                  embed: Callable[[list[str]], list[list[float]]] | None = None) -> None:
         self.config = config or NoveltyConfig()
         self.embed = embed
-        self._grams: dict[int, frozenset] = {}
+        self._grams: dict[int, frozenset[tuple[str, ...]]] = {}
         self._vectors: dict[int, list[float]] = {}
 
-    def _grams_of(self, pid: int, code: str) -> frozenset:
+    def _grams_of(self, pid: int, code: str) -> frozenset[tuple[str, ...]]:
         g = self._grams.get(pid)
         if g is None:
             g = self._grams[pid] = ngrams(code, self.config.n)

@@ -109,7 +109,7 @@ class Population:
         self.extra_members.setdefault(island, set()).add(program_id)
 
     @classmethod
-    def from_store(cls, store: Store, run_id: int, migrations: Iterable[dict] = ()) -> Population:
+    def from_store(cls, store: Store, run_id: int, migrations: Iterable[dict[str, Any]] = ()) -> Population:
         pop = cls()
         for row in store.programs(run_id):
             pop.add_row(row)

@@ -24,7 +24,7 @@ _SEARCH_NOT_FOUND = re.compile(r"SEARCH text not found")
 _ERROR_LINE = re.compile(r"\berror\b", re.IGNORECASE)
 
 
-def follow_up(messages: list[dict], answer: str, user: str) -> list[dict]:
+def follow_up(messages: list[dict[str, Any]], answer: str, user: str) -> list[dict[str, Any]]:
     """The conversation so far, the model's answer, and the follow-up request."""
     return [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": user}]
 

@@ -202,12 +202,14 @@ def test_scripted_client_needs_no_server_and_labels_fixtures() -> None:
 def test_search_flags_give_models_and_a_ten_dollar_run_budget(tmp_path: Path) -> None:
     from cuco_kit.cli import build_parser
     from cuco_kit.commands.model_options import models_from_args
+    from cuco_kit.commands.search import resolve_config
     from cuco_kit.errors import BadInput
 
     f = tmp_path / "models.json"
     f.write_text('{"mutation": [{"name": "r1", "send_temperature": false, "reasoning_effort": "low", '
                  '"price": [1, 4]}], "meta": "m2"}')
     args = build_parser().parse_args(["search", "wl", "--db", "x.db", "--models", str(f), "--mutation-model", "r2"])
+    resolve_config(args)  # the flags' defaults are filled where the command line and --config are resolved
     assert args.llm_budget == 10.0
     models = models_from_args(args)
     assert [m.name for m in models.mutation] == ["r1", "r2"] and models.mutation[0].price == (1.0, 4.0)

@@ -72,7 +72,7 @@ def search(address, wl, db, kind, pause_at="0"):
 
 def _driver() -> Any:
     ns: dict[str, Any] = {}
-    exec(DRIVER, ns)  # noqa: S102 - the test's own driver code, run here and in a child
+    exec(DRIVER, ns)  # the test's own driver code, run here and in a child
     return ns["search"]
 
 
@@ -105,7 +105,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         try:
             stop = start_private_cluster(num_cpus=6, num_gpus=4)  # how the executor starts its own
-        except Exception as exc:  # noqa: BLE001 - Ray's own start-up, not the code under test
+        except Exception as exc:  # Ray's own start-up, not the code under test
             _end_ray_children()
             if "timed out during startup" in str(exc):
                 # Ray's raylet gives its agents ~15 s to start; on a machine whose CPUs are saturated they miss

@@ -86,7 +86,7 @@ class Channel:
                     return None
 
     # ---- store-based collectives (setup phases; the hot path uses gloo)
-    def exchange(self, phase: str, ok: bool, message: str = "", timeout_s: float | None = None) -> list[dict]:
+    def exchange(self, phase: str, ok: bool, message: str = "", timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Every rank posts its status for ``phase``; returns all statuses, raises if any rank failed."""
         self._seq += 1
         prefix = f"status/{self._seq}/{phase}"
