@@ -58,8 +58,8 @@ from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, bad
 from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
+from cuco_kit.search import diagnosis, repair, target
 from cuco_kit.search import islands as islands_mod
-from cuco_kit.search import repair, target
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
 from cuco_kit.search.config import SearchConfig
@@ -77,6 +77,7 @@ from cuco_kit.search.proposal import (
     ProposalContext,
     ProposalSource,
     RepairsBuilds,
+    ServesRoles,
 )
 from cuco_kit.search.selection import SelectionConfig, select_parent
 from cuco_kit.search.start_point import INITIAL_TAG, StartPoint, add_lineage, read_baseline, read_initial
@@ -193,6 +194,7 @@ class SearchEngine:
         self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
         self._best: float | None = None
         self._build_failed: list[ProgramView] = []  # LLM programs of this round that did not compile
+        self._to_diagnose: list[int] = []  # programs evaluated since the last round's end (diagnosis.py)
         self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
 
     @property
@@ -320,15 +322,28 @@ class SearchEngine:
                 s.bind(self)
         if isinstance(self.evaluator, BindsLedger):
             self.evaluator.bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
-        llm = next((s.meta_client or s.client for s in self.sources if isinstance(s, HasClient)), None)
+        llm, _ = self._role_client("meta")
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
                                    world_size=cfg.world_size)
+        self.diagnoser = diagnosis.Diagnoser(cfg.diagnosis, *self._role_client("diagnosis"), self.store, self._rid,
+                                             workload=self.workload.name, backend=cfg.backend,
+                                             world_size=cfg.world_size)
         self._budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
         if not self.population.roots():
             self._add_roots()
         self._add_initial_programs()
         self._restore_pending()
         self._setup_done = True
+
+    def _role_client(self, role: str) -> tuple[Any, str | None]:
+        """(the LLM client of a side role, its configured model's name) from the first LLM source; (None, None)
+        without one."""
+        for s in self.sources:
+            if isinstance(s, ServesRoles):
+                return s.role_client(role)
+            if isinstance(s, HasClient):
+                return (s.meta_client or s.client) if role == "meta" else s.client, None
+        return None, None
 
     def _disown(self) -> None:
         if self._owner:
@@ -371,6 +386,11 @@ class SearchEngine:
         if st.get("phase"):
             self.phase = PhaseController(self.config.phases, PhaseState(**st["phase"]))
         self.population = Population.from_store(self.store, rid, self._migrations)
+        for pid, d in diagnosis.load(self.store, rid).items():
+            if pid in self.population.programs:
+                self.population.programs[pid].diagnosis = d.text
+        # Evaluated in a round whose end was not stored: diagnosed when that round is finished.
+        self._to_diagnose = [p.id for p in self.population.all() if p.generation > self._gen_done]
         self.archive = Archive.rebuild(self.population)
         best = self.population.best()
         self._best = best.fitness if best else None
@@ -823,6 +843,7 @@ class SearchEngine:
                 if q.result is not None and q.id != p.id:
                     self.population.set_result(q.id, q.result, q.evaluation_id)
         self.archive.update(p, self.population)
+        self._to_diagnose.append(p.id)
         if p.source in ("llm_diff", "llm_full", "llm_crossover") and repair.is_build_failure(d):
             self._build_failed.append(p)
         self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
@@ -844,6 +865,8 @@ class SearchEngine:
 
     def _end_round(self, generation: int) -> None:
         cfg = self.config
+        self.diagnoser.diagnose(self.population, self._to_diagnose, generation)  # before the meta-summary reads
+        self._to_diagnose = []
         if islands_mod.due(generation, cfg.islands):
             moves = islands_mod.migrate(self.population, generation, cfg.islands)
             self._migrations.extend(moves)
