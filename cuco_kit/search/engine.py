@@ -322,9 +322,12 @@ class SearchEngine:
                 s.bind(self)
         if isinstance(self.evaluator, BindsLedger):
             self.evaluator.bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
-        llm, _ = self._role_client("meta")
+        llm, meta_model = self._role_client("meta")
+        stored = self.store.get_meta(self._rid, "meta_summary") or {}  # the scratchpad carries across resumes
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
-                                   world_size=cfg.world_size)
+                                   world_size=cfg.world_size, model=meta_model,
+                                   scratchpad=str(stored.get("scratchpad", "")),
+                                   last_generation=int(stored.get("generation") or 0))
         self.diagnoser = diagnosis.Diagnoser(cfg.diagnosis, *self._role_client("diagnosis"), self.store, self._rid,
                                              workload=self.workload.name, backend=cfg.backend,
                                              world_size=cfg.world_size)
@@ -878,9 +881,9 @@ class SearchEngine:
         if switched:
             self._log(f"phase -> {self.phase.state.phase} after generation {generation} ({switched})")
         if self.meta.due(generation):
-            self._meta_summary, method = self.meta.summarize(self.population, generation)
-            self.store.put_meta(self._rid, "meta_summary", {"generation": generation, "method": method,
-                                                              "text": self._meta_summary})
+            m = self.meta.summarize(self.population, generation)
+            self._meta_summary = m.text
+            self.store.put_meta(self._rid, "meta_summary", {"generation": generation, **m.to_dict()})
         self._gen_done = generation
         self._save_state()
 
