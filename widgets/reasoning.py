@@ -67,6 +67,10 @@ def reasoning_html(state: dict[str, Any]) -> str:
         + _rows(["proposal", "name", "parent", "why"],
                 [[str(r["proposal_id"]), esc(r["name"]), _num(r["parent_id"]), esc(r["note"])]
                  for r in state["novelty_rejections"]]),
+        "<h4>Novelty judge (near-duplicates by similarity)</h4>"
+        + _rows(["nearest", "similarity", "verdict", "model", "reason"],
+                [[_num(j.get("nearest_id")), _num(j.get("similarity")), esc(j.get("verdict") or "unreadable"),
+                  esc(j.get("model")), esc(j.get("reason"))] for j in state.get("novelty_judgements", [])]),
         "<h4>LLM retries and rejections</h4>"
         + _rows(["gen", "parent", "kind", "model", "what", "reason"],
                 [[_num(n.get("generation")), _num(n.get("parent_id")), esc(n.get("kind")), esc(n.get("model") or "-"),

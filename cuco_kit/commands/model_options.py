@@ -38,6 +38,9 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     for role, what in _ROLE_FLAGS.items():
         g.add_argument(f"--{role.replace('_', '-')}-model", dest=f"{role}_model", default=None, metavar="NAME",
                        help=f"the model of {what} (default: the first mutation model)")
+    g.add_argument("--novelty-judge", action="store_true",
+                   help="ask the novelty judge model whether a near-duplicate (by similarity) is new after all "
+                        "(off by default; each judgement counts against the LLM budget)")
     g.add_argument("--no-diagnosis", action="store_true",
                    help="ask no model why an evaluation failed or was slow (failures reach prompts as raw text)")
 
@@ -71,5 +74,7 @@ def models_from_args(args: argparse.Namespace) -> ModelsConfig:
 
 def apply_role_switches(args: argparse.Namespace, config: SearchConfig) -> None:
     """The side roles' on/off flags, onto the run's config."""
+    if getattr(args, "novelty_judge", False):
+        config.novelty.llm_judge = True
     if getattr(args, "no_diagnosis", False):
         config.diagnosis.enabled = False

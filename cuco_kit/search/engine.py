@@ -68,6 +68,7 @@ from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.human import HumanEdit, HumanSource
 from cuco_kit.search.meta import MetaSummarizer
 from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict, openai_embedder
+from cuco_kit.search.novelty_judge import NoveltyJudge
 from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import LINEAGE_TAG, Population, ProgramView
 from cuco_kit.search.proposal import (
@@ -331,6 +332,11 @@ class SearchEngine:
         self.diagnoser = diagnosis.Diagnoser(cfg.diagnosis, *self._role_client("diagnosis"), self.store, self._rid,
                                              workload=self.workload.name, backend=cfg.backend,
                                              world_size=cfg.world_size)
+        judge_llm, judge_model = self._role_client("novelty_judge")
+        if cfg.novelty.llm_judge and judge_llm is not None:  # off by default; asked about near-duplicates only
+            self.novelty.judge = NoveltyJudge(cfg.novelty, judge_llm, judge_model, self.store, self._rid,
+                                              workload=self.workload.name, backend=cfg.backend,
+                                              world_size=cfg.world_size)
         self._budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
         if not self.population.roots():
             self._add_roots()
@@ -713,7 +719,7 @@ class SearchEngine:
             for prop, island, verdict in checked:
                 pid = self.store.add_proposal(run_id=self._rid, parent_id=prop.parent_id, source=prop.source,
                                               name=prop.name, rationale=prop.rationale, diff=prop.diff,
-                                              code=prop.code, tags=prop.tags,
+                                              code=prop.code, tags=prop.tags + verdict.tags(),
                                               second_parent_id=prop.second_parent_id)
                 if verdict.novel:
                     self._proposal_info[pid] = (generation, island)

@@ -15,6 +15,7 @@ from cuco_kit.search import bandit
 from cuco_kit.search.llm_source import NOTES_KEY
 from cuco_kit.search.model_stats import model_roles
 from cuco_kit.search.models import ModelsConfig
+from cuco_kit.search.novelty_judge import KEY as JUDGEMENTS_KEY
 from cuco_kit.search.population import Population
 from cuco_kit.store import Store
 
@@ -59,5 +60,7 @@ def reasoning_state(store: Store, run_id: int, population: Population | None = N
                              "recommendations": list(meta.get("recommendations") or [])},
             "phase": st.get("phase") or {}, "generation_done": st.get("generation_done", 0),
             "migrations": len(st.get("migrations", [])), "islands": islands,
-            "novelty_rejections": novelty[-recent:], "llm_notes": notes[-recent:], "bandit": arms,
+            "novelty_rejections": novelty[-recent:],
+            "novelty_judgements": list(store.get_meta(run_id, JUDGEMENTS_KEY, []) or [])[-recent:],
+            "llm_notes": notes[-recent:], "bandit": arms,
             "crossovers": crossovers}
