@@ -1,6 +1,7 @@
 """ReasoningPanel: why the search proposes what it proposes, next to the approval queue.
 
-Draws cuco_kit.search.reasoning.reasoning_state: the current meta-summary, the phase and islands, the model
+Draws cuco_kit.search.reasoning.reasoning_state: the current meta-summary (ranked recommendations, the run's
+scratchpad and the summary of recent programs, when a model made them), the phase and islands, the model
 bandit's arms (value per dollar, exploration bonus, score), novelty rejections and the LLM source's retries and
 give-ups, and for each crossover both parents. Every string from a model or a candidate is escaped.
 """
@@ -34,12 +35,25 @@ def _rows(head: list[str], rows: list[list[str]]) -> str:
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
+def _meta_html(meta: dict[str, Any]) -> str:
+    """The meta-summary's three steps when a model made them (summary, scratchpad, ranked recommendations), else
+    its text (the statistical summary)."""
+    head = f"<div>generation {_num(meta['generation'])} ({esc(meta['method'])})</div>"
+    if not (meta.get("scratchpad") or meta.get("recommendations") or meta.get("summary")):
+        return head + f"<pre>{esc(meta['text'])}</pre>"
+    recs = "".join(f"<li>{esc(r)}</li>" for r in meta.get("recommendations") or [])
+    return (head + "<h5>Ranked recommendations</h5>" + (f"<ol class='cuco-recommendations'>{recs}</ol>" if recs
+                                                        else "<i>none</i>")
+            + f"<h5>Scratchpad</h5><pre class='cuco-scratchpad'>{esc(meta.get('scratchpad') or '')}</pre>"
+            + f"<h5>Summary of recent programs</h5><pre class='cuco-meta-summary'>{esc(meta.get('summary') or '')}"
+              "</pre>")
+
+
 def reasoning_html(state: dict[str, Any]) -> str:
     meta = state["meta_summary"]
     phase = state["phase"]
     parts = [
-        "<h4>Meta-summary</h4>" + (f"<div>generation {_num(meta['generation'])} ({esc(meta['method'])})</div>"
-                                   f"<pre>{esc(meta['text'])}</pre>" if meta["text"] else "<i>none yet</i>"),
+        "<h4>Meta-summary</h4>" + (_meta_html(meta) if meta["text"] else "<i>none yet</i>"),
         f"<h4>Phase and islands</h4><div>phase <b>{esc(phase.get('phase', '-'))}</b>, "
         f"{_num(state['generation_done'])} generation(s) done, {state['migrations']} migration(s)</div>"
         + _rows(["island", "programs", "best", "fitness"],
@@ -53,6 +67,10 @@ def reasoning_html(state: dict[str, Any]) -> str:
         + _rows(["proposal", "name", "parent", "why"],
                 [[str(r["proposal_id"]), esc(r["name"]), _num(r["parent_id"]), esc(r["note"])]
                  for r in state["novelty_rejections"]]),
+        "<h4>Novelty judge (near-duplicates by similarity)</h4>"
+        + _rows(["nearest", "similarity", "verdict", "model", "reason"],
+                [[_num(j.get("nearest_id")), _num(j.get("similarity")), esc(j.get("verdict") or "unreadable"),
+                  esc(j.get("model")), esc(j.get("reason"))] for j in state.get("novelty_judgements", [])]),
         "<h4>LLM retries and rejections</h4>"
         + _rows(["gen", "parent", "kind", "model", "what", "reason"],
                 [[_num(n.get("generation")), _num(n.get("parent_id")), esc(n.get("kind")), esc(n.get("model") or "-"),

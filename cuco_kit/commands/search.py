@@ -48,7 +48,7 @@ from cuco_kit.commands.llm_options import (
     unanswered,
 )
 from cuco_kit.commands.llm_recording import add_recording_arguments, call_log, replay_miss
-from cuco_kit.commands.model_options import add_model_arguments, models_from_args
+from cuco_kit.commands.model_options import add_model_arguments, apply_role_switches, models_from_args
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import close_evaluator
 from cuco_kit.evaluate.device import gpu_present
@@ -304,6 +304,8 @@ def _sources(mutator: str, llm: LLMConfig | None, models: ModelsConfig,
         source.clients[name] = breakers[-1]
     if source.meta_client is not None:
         source.meta_client = via_log(source.meta_client)
+    for role, client in list(source.role_clients.items()):  # recorded and replayed like the others
+        source.role_clients[role] = via_log(client)
     out.append(source)
     return out
 
@@ -383,6 +385,7 @@ def run(args: argparse.Namespace) -> int:
     start = start_from(starts[0], store) if starts else None
     if len(starts) > 1:  # the first --from is the root; the rest start at generation 0 beside it
         config.initial_programs = [str(p) for p in starts[1:]]
+    apply_role_switches(args, config)
     if args.mutator == "offline":
         # Only the design-space source serves: every slot is a knob move.
         config.phases.explore.mix = {"design_space": 1.0}

@@ -10,6 +10,7 @@ from cuco_kit.errors import BadInput
 from cuco_kit.search.archive import DEFAULT_FEATURES
 from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.design_space import DesignSpaceConfig
+from cuco_kit.search.diagnosis import DiagnosisConfig
 from cuco_kit.search.gate import GateMode
 from cuco_kit.search.islands import IslandConfig
 from cuco_kit.search.meta import MetaConfig
@@ -26,7 +27,8 @@ BACKENDS: tuple[Backend, ...] = ("nccl", "symm")
 
 # The tables of a SearchConfig that are plain dataclasses (models and phases have their own from_dict).
 TABLES: dict[str, type] = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
-                           "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig}
+                           "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig,
+                           "diagnosis": DiagnosisConfig}
 
 
 def _names(cls: type) -> list[str]:
@@ -72,6 +74,7 @@ class SearchConfig:
     phases: PhaseConfig = field(default_factory=PhaseConfig)
     novelty: NoveltyConfig = field(default_factory=NoveltyConfig)
     meta: MetaConfig = field(default_factory=MetaConfig)
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)  # LLM diagnoses of failed and slow programs
     design_space: DesignSpaceConfig = field(default_factory=DesignSpaceConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)  # per-role models (empty: the one client given)
     # Stop once a program's speed-up over the seed beats this ratio with its 95% interval clear of it (the

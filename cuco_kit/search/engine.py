@@ -58,8 +58,8 @@ from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, bad
 from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
+from cuco_kit.search import diagnosis, repair, target
 from cuco_kit.search import islands as islands_mod
-from cuco_kit.search import repair, target
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
 from cuco_kit.search.config import SearchConfig
@@ -69,6 +69,7 @@ from cuco_kit.search.gate import ApprovalGate
 from cuco_kit.search.human import HumanEdit, HumanSource
 from cuco_kit.search.meta import MetaSummarizer
 from cuco_kit.search.novelty import NoveltyFilter, NoveltyVerdict, openai_embedder
+from cuco_kit.search.novelty_judge import NoveltyJudge
 from cuco_kit.search.phases import PhaseController, PhaseState
 from cuco_kit.search.population import LINEAGE_TAG, Population, ProgramView
 from cuco_kit.search.proposal import (
@@ -78,6 +79,7 @@ from cuco_kit.search.proposal import (
     ProposalContext,
     ProposalSource,
     RepairsBuilds,
+    ServesRoles,
 )
 from cuco_kit.search.selection import SelectionConfig, select_parent
 from cuco_kit.search.start_point import INITIAL_TAG, StartPoint, add_lineage, read_baseline, read_initial
@@ -194,6 +196,7 @@ class SearchEngine:
         self._rerun_of: dict[int, list[int]] = {}  # program id -> interrupted evaluation ids
         self._best: float | None = None
         self._build_failed: list[ProgramView] = []  # LLM programs of this round that did not compile
+        self._to_diagnose: list[int] = []  # programs evaluated since the last round's end (diagnosis.py)
         self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
 
     @property
@@ -321,15 +324,36 @@ class SearchEngine:
                 s.bind(self)
         if isinstance(self.evaluator, BindsLedger):
             self.evaluator.bind_ledger(self.ledger)  # evaluation-side LLM calls count against the same budget
-        llm = next((s.meta_client or s.client for s in self.sources if isinstance(s, HasClient)), None)
+        llm, meta_model = self._role_client("meta")
+        stored = self.store.get_meta(self._rid, "meta_summary") or {}  # the scratchpad carries across resumes
         self.meta = MetaSummarizer(cfg.meta, llm, workload=self.workload.name, backend=cfg.backend,
-                                   world_size=cfg.world_size)
+                                   world_size=cfg.world_size, model=meta_model,
+                                   scratchpad=str(stored.get("scratchpad", "")),
+                                   last_generation=int(stored.get("generation") or 0))
+        self.diagnoser = diagnosis.Diagnoser(cfg.diagnosis, *self._role_client("diagnosis"), self.store, self._rid,
+                                             workload=self.workload.name, backend=cfg.backend,
+                                             world_size=cfg.world_size)
+        judge_llm, judge_model = self._role_client("novelty_judge")
+        if cfg.novelty.llm_judge and judge_llm is not None:  # off by default; asked about near-duplicates only
+            self.novelty.judge = NoveltyJudge(cfg.novelty, judge_llm, judge_model, self.store, self._rid,
+                                              workload=self.workload.name, backend=cfg.backend,
+                                              world_size=cfg.world_size)
         self._budget = BudgetTracker(cfg.budget, self.store, self.run_id, wall_used_before=self._wall_before)
         if not self.population.roots():
             self._add_roots()
         self._add_initial_programs()
         self._restore_pending()
         self._setup_done = True
+
+    def _role_client(self, role: str) -> tuple[Any, str | None]:
+        """(the LLM client of a side role, its configured model's name) from the first LLM source; (None, None)
+        without one."""
+        for s in self.sources:
+            if isinstance(s, ServesRoles):
+                return s.role_client(role)
+            if isinstance(s, HasClient):
+                return (s.meta_client or s.client) if role == "meta" else s.client, None
+        return None, None
 
     def _disown(self) -> None:
         if self._owner:
@@ -372,6 +396,11 @@ class SearchEngine:
         if st.get("phase"):
             self.phase = PhaseController(self.config.phases, PhaseState(**st["phase"]))
         self.population = Population.from_store(self.store, rid, self._migrations)
+        for pid, d in diagnosis.load(self.store, rid).items():
+            if pid in self.population.programs:
+                self.population.programs[pid].diagnosis = d.text
+        # Evaluated in a round whose end was not stored: diagnosed when that round is finished.
+        self._to_diagnose = [p.id for p in self.population.all() if p.generation > self._gen_done]
         self.archive = Archive.rebuild(self.population)
         best = self.population.best()
         self._best = best.fitness if best else None
@@ -692,7 +721,7 @@ class SearchEngine:
             for prop, island, verdict in checked:
                 pid = self.store.add_proposal(run_id=self._rid, parent_id=prop.parent_id, source=prop.source,
                                               name=prop.name, rationale=prop.rationale, diff=prop.diff,
-                                              code=prop.code, tags=prop.tags,
+                                              code=prop.code, tags=prop.tags + verdict.tags(),
                                               second_parent_id=prop.second_parent_id)
                 if prop.meta.get("model"):
                     record_proposal_llm(self.store, self._rid, pid, prop.meta)
@@ -827,6 +856,7 @@ class SearchEngine:
                 if q.result is not None and q.id != p.id:
                     self.population.set_result(q.id, q.result, q.evaluation_id)
         self.archive.update(p, self.population)
+        self._to_diagnose.append(p.id)
         if p.source in ("llm_diff", "llm_full", "llm_crossover") and repair.is_build_failure(d):
             self._build_failed.append(p)
         self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
@@ -848,6 +878,8 @@ class SearchEngine:
 
     def _end_round(self, generation: int) -> None:
         cfg = self.config
+        self.diagnoser.diagnose(self.population, self._to_diagnose, generation)  # before the meta-summary reads
+        self._to_diagnose = []
         if islands_mod.due(generation, cfg.islands):
             moves = islands_mod.migrate(self.population, generation, cfg.islands)
             self._migrations.extend(moves)
@@ -859,9 +891,9 @@ class SearchEngine:
         if switched:
             self._log(f"phase -> {self.phase.state.phase} after generation {generation} ({switched})")
         if self.meta.due(generation):
-            self._meta_summary, method = self.meta.summarize(self.population, generation)
-            self.store.put_meta(self._rid, "meta_summary", {"generation": generation, "method": method,
-                                                              "text": self._meta_summary})
+            m = self.meta.summarize(self.population, generation)
+            self._meta_summary = m.text
+            self.store.put_meta(self._rid, "meta_summary", {"generation": generation, **m.to_dict()})
         self._gen_done = generation
         self._save_state()
 

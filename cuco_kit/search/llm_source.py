@@ -36,7 +36,7 @@ from cuco_kit.llm.openai_client import LLMConfig
 from cuco_kit.search import bandit, block_answer, conditioning, repair
 from cuco_kit.search.archive import cell_of
 from cuco_kit.search.model_stats import MODEL_TAG, model_roles, purpose_with_model
-from cuco_kit.search.models import ModelsConfig, ModelSpec, make_clients
+from cuco_kit.search.models import SIDE_ROLES, ModelsConfig, ModelSpec, make_clients
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import MUTATION_KINDS, Proposal, ProposalContext, unified_diff
 
@@ -106,6 +106,14 @@ def apply_answer(parent_code: str, answer: str) -> tuple[str, str, list[str]]:
     raise patch.PatchError("the answer has no SEARCH/REPLACE edit, no unified diff and no EVOLVE block")
 
 
+def result_line(p: ProgramView) -> str:
+    """A program's result for a prompt, with the diagnosis of it when one was made (a parent slower than its
+    own parent: what the model thought held it back)."""
+    if not p.diagnosis:
+        return p.summary()
+    return p.summary() + "\nDiagnosis of this result:\n" + "\n".join("  " + ln for ln in p.diagnosis.splitlines())
+
+
 def block_names(code: str) -> str:
     try:
         return ", ".join(b.name for b in markers.blocks(code))
@@ -133,6 +141,9 @@ class LLMSource:
             raise ValueError("LLMSource needs at least one client")
         self.specs: dict[str, ModelSpec] = dict(specs or {})
         self.meta_client = meta_client
+        # Clients of the other side roles ("diagnosis", "novelty_judge"); a role not here uses ``client``.
+        self.role_clients: dict[str, LLMClient] = {}
+        self.role_models: dict[str, str] = {}  # role -> the configured model's name (carried in call purposes)
         self.bandit_c = bandit_c
         self.config = config or LLMSourceConfig()
         self.errors: collections.deque[str] = collections.deque(maxlen=self.config.recent_errors)
@@ -141,16 +152,26 @@ class LLMSource:
     @classmethod
     def from_models(cls, models: ModelsConfig, base: LLMConfig | None = None,
                     config: LLMSourceConfig | None = None) -> LLMSource:
-        """One client per mutation model (and one for the meta-summary when its model differs)."""
+        """One client per mutation model, and one per side role (meta, diagnosis, novelty judge) whose model
+        differs from every mutation model."""
         if not models.mutation:
             raise ValueError("ModelsConfig.mutation is empty: name at least one mutation model")
         clients = make_clients(models.mutation, base)
-        meta = models.for_role("meta")
-        meta_client = clients.get(meta.name) if meta else None
-        if meta is not None and meta_client is None:
-            meta_client = make_clients([meta], base)[meta.name]
-        return cls(clients, config, specs={s.name: s for s in models.mutation}, meta_client=meta_client,
-                   bandit_c=models.bandit_c)
+        made: dict[str, LLMClient] = dict(clients)
+        side: dict[str, LLMClient] = {}
+        names: dict[str, str] = {}
+        for role in SIDE_ROLES:
+            spec = models.for_role(role)
+            if spec is None:
+                continue
+            if spec.name not in made:
+                made[spec.name] = make_clients([spec], base)[spec.name]
+            side[role], names[role] = made[spec.name], spec.name
+        src = cls(clients, config, specs={s.name: s for s in models.mutation}, meta_client=side.pop("meta", None),
+                  bandit_c=models.bandit_c)
+        src.role_clients.update(side)
+        src.role_models.update(names)
+        return src
 
     @property
     def client(self) -> LLMClient:
@@ -167,6 +188,18 @@ class LLMSource:
                 self.clients[k] = engine.ledger.wrap(c)
         if self.meta_client is not None and not isinstance(self.meta_client, LedgeredClient):
             self.meta_client = engine.ledger.wrap(self.meta_client)
+        for role, c in self.role_clients.items():
+            if not isinstance(c, LedgeredClient):
+                self.role_clients[role] = engine.ledger.wrap(c)
+
+    def role_client(self, role: str) -> tuple[LLMClient, str | None]:
+        """The client of a side role ("meta", "diagnosis", "novelty_judge") and its configured model's name
+        (None: the one client given); the first mutation client when the role has none of its own."""
+        if role == "meta" and self.meta_client is not None:
+            return self.meta_client, self.role_models.get(role)
+        if role in self.role_clients:
+            return self.role_clients[role], self.role_models.get(role)
+        return self.client, self.role_models.get(role) or next(iter(self.models()), None)
 
     # -- models ---------------------------------------------------------------------------------------------
     def models(self) -> list[str]:
@@ -215,12 +248,12 @@ class LLMSource:
     def build_messages(self, ctx: ProposalContext, kind: str) -> list[dict[str, Any]]:
         parent = ctx.parent
         values: dict[str, Any] = dict(
-            phase=ctx.phase.name, phase_hint=ctx.phase.hint, parent_id=parent.id, parent_result=parent.summary(),
+            phase=ctx.phase.name, phase_hint=ctx.phase.hint, parent_id=parent.id, parent_result=result_line(parent),
             parent_code=parent.code, meta_summary=ctx.meta_summary or "nothing yet",
             failures=self._failures(ctx), context=self._context(ctx), block_names=block_names(parent.code))
         if kind == "crossover":
             second: ProgramView = ctx.second_parent  # type: ignore[assignment]  # propose(): crossover has one
-            values.update(second_parent_id=second.id, second_parent_result=second.summary(),
+            values.update(second_parent_id=second.id, second_parent_result=result_line(second),
                           second_parent_code=second.code)
         else:
             values["inspirations"] = self._inspirations(ctx)

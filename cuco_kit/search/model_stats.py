@@ -3,7 +3,8 @@
 Calls made for a configured model carry its name after an ``@`` in their purpose (``search.mutate.diff@cheap``);
 programs a mutation model proposed carry the tag ``model:<name>``. A mutation "win" is a program that passed and
 beat its parent's fitness. The role of a call comes from its purpose: ``search.mutate...`` mutation,
-``search.meta`` meta, ``...judge`` judge, ``...novelty`` / ``...embed`` novelty.
+``search.meta`` meta, ``search.diagnose`` diagnosis, ``search.novelty.judge`` novelty_judge, ``...judge`` judge,
+``...novelty`` / ``...embed`` novelty.
 """
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ def role_of(purpose: str) -> str:
         return "mutation"
     if base.startswith("search.meta"):
         return "meta"
+    if base.startswith("search.diagnose"):
+        return "diagnosis"
+    if base.startswith("search.novelty.judge"):
+        return "novelty_judge"
     if "judge" in base:
         return "judge"
     if "novelty" in base or "embed" in base:

@@ -1,10 +1,12 @@
 """Which model does which job: per-role models for the search, each with its own settings and price.
 
 Roles: ``mutation`` (one or more models; with several, a UCB bandit picks one per proposal, see bandit.py),
-``meta`` (the meta-summary), ``novelty`` (the embedding model of the novelty filter, when it uses embeddings) and
-``judge`` (kept in the run's config for evaluation-side judges; the search itself asks none). A role left empty
-uses the first mutation model (the embedding default for ``novelty``). With no model configured at all the
-search uses the one LLM client it is given, as before.
+``meta`` (the three-step meta-summary), ``diagnosis`` (why an evaluation failed or was slower than its parent,
+search/diagnosis.py), ``novelty_judge`` (asked whether a near-duplicate is new after all, search/novelty.py),
+``novelty`` (the embedding model of the novelty filter, when it uses embeddings) and ``judge`` (kept in the run's
+config for evaluation-side judges; the search itself asks none). A role left empty uses the first mutation model
+(the embedding default for ``novelty``), so a cheap model can take the side roles while a strong one mutates.
+With no model configured at all the search uses the one LLM client it is given, as before.
 
 Per-model settings: the server (``base_url``, else $OPENAI_BASE_URL), the price ($ per million input and output
 tokens; a model without one is never counted free, its tokens count against the token budget), whether a
@@ -21,7 +23,9 @@ from cuco_kit.errors import BadInput
 from cuco_kit.llm.client import LLMClient
 from cuco_kit.llm.openai_client import LLMConfig, OpenAICompatibleClient
 
-ROLES = ("mutation", "judge", "meta", "novelty")
+ROLES = ("mutation", "judge", "meta", "novelty", "diagnosis", "novelty_judge")
+# Roles besides mutation that the search itself asks (each falls back to the first mutation model).
+SIDE_ROLES = ("meta", "diagnosis", "novelty_judge")
 REASONING_EFFORTS = ("low", "medium", "high")
 # Completion tokens a reasoning model may spend thinking before it answers, by effort.
 REASONING_TOKENS = {"low": 2048, "medium": 8192, "high": 24576}
@@ -97,6 +101,8 @@ class ModelsConfig:
     judge: ModelSpec | None = None
     meta: ModelSpec | None = None
     novelty: ModelSpec | None = None
+    diagnosis: ModelSpec | None = None
+    novelty_judge: ModelSpec | None = None
     bandit_c: float = 0.5  # UCB exploration weight (0: always the best so far)
 
     def __post_init__(self) -> None:
@@ -121,7 +127,7 @@ class ModelsConfig:
     def prices(self) -> dict[str, tuple[float, float]]:
         """The configured prices of every model (for the ledger)."""
         out: dict[str, tuple[float, float]] = {}
-        for m in [*self.mutation, self.judge, self.meta, self.novelty]:
+        for m in [*self.mutation, self.judge, self.meta, self.novelty, self.diagnosis, self.novelty_judge]:
             if m is not None and m.price is not None:
                 out[m.name] = m.price
         return out
@@ -139,7 +145,7 @@ class ModelsConfig:
         if not isinstance(mutation, list):
             raise BadInput(f"'mutation' must be a list of models, got {mutation!r}")
         d["mutation"] = [ModelSpec.from_dict(m, strict=strict) for m in mutation]
-        for role in ("judge", "meta", "novelty"):
+        for role in ROLES[1:]:
             if d.get(role) is not None:
                 d[role] = ModelSpec.from_dict(d[role], strict=strict)
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})

@@ -7,6 +7,9 @@ only changes to comments and whitespace (no new n-gram) or a token or two are ne
 Optionally, embeddings from an OpenAI-compatible endpoint (cuco_kit.llm.embeddings) replace the n-grams with
 cosine similarity.
 
+A near-duplicate may go on to the LLM novelty judge (search/novelty_judge.py; ``llm_judge``, off by default), which
+lets it through when its change is new after all; only near-duplicates are sent.
+
 Design-space and human proposals are exempt by default: a knob move differs from its parent by design in one
 token (exact repeats are caught by the code hash instead), and a person's edit is never second-guessed.
 """
@@ -17,6 +20,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from cuco_kit.llm.embeddings import embed as _embed
 from cuco_kit.llm.openai_client import LLMConfig
@@ -63,6 +67,9 @@ class NoveltyConfig:
     exempt_sources: list[str] = field(default_factory=lambda: ["design_space", "human"])
     use_embeddings: bool = False
     embedding_threshold: float = 0.995
+    llm_judge: bool = False  # ask the novelty_judge model about near-duplicates (search/novelty_judge.py)
+    judge_max_calls: int = 100  # judgements per run at most; then the filter decides alone
+    judge_max_tokens: int = 300
 
 
 @dataclass
@@ -71,10 +78,25 @@ class NoveltyVerdict:
     similarity: float
     nearest_id: int | None
     method: str  # "ngram" | "embedding" | "exempt" | "empty"
+    judge: str | None = None  # the LLM novelty judge's verdict ("novel" | "duplicate"); None: not judged
+    judge_reason: str = ""
 
     def reason(self) -> str:
-        return (f"near-duplicate of program {self.nearest_id} ({self.method} similarity {self.similarity:.3f})"
-                if not self.novel else "")
+        if self.novel:
+            return ""
+        why = f"near-duplicate of program {self.nearest_id} ({self.method} similarity {self.similarity:.3f})"
+        return why + (f"; the novelty judge agrees: {self.judge_reason}" if self.judge else "")
+
+    def tags(self) -> list[str]:
+        """Tags for a proposal the judge let through (a near-duplicate by similarity, new by the judge's reading)."""
+        return ["novelty-judge:novel"] if self.novel and self.judge == "novel" else []
+
+
+class ReviewsNearDuplicates(Protocol):
+    """The novelty judge's seam: given a near-duplicate's code, the program it is near and the filter's verdict,
+    the verdict after the judge (the filter's when it cannot tell)."""
+
+    def review(self, code: str, nearest: ProgramView | None, verdict: NoveltyVerdict) -> NoveltyVerdict: ...
 
 
 class NoveltyFilter:
@@ -85,6 +107,7 @@ class NoveltyFilter:
                  embed: Callable[[list[str]], list[list[float]]] | None = None) -> None:
         self.config = config or NoveltyConfig()
         self.embed = embed
+        self.judge: ReviewsNearDuplicates | None = None  # set by the engine when config.llm_judge is on
         self._grams: dict[int, frozenset[tuple[str, ...]]] = {}
         self._vectors: dict[int, list[float]] = {}
 
@@ -95,6 +118,12 @@ class NoveltyFilter:
         return g
 
     def check(self, code: str, cell: str | None, source: str, population: Population) -> NoveltyVerdict:
+        verdict = self._similarity(code, cell, source, population)
+        if verdict.novel or self.judge is None or not self.config.llm_judge:
+            return verdict
+        return self.judge.review(code, population.get(verdict.nearest_id), verdict)
+
+    def _similarity(self, code: str, cell: str | None, source: str, population: Population) -> NoveltyVerdict:
         cfg = self.config
         if not cfg.enabled or source in cfg.exempt_sources:
             return NoveltyVerdict(True, 0.0, None, "exempt")

@@ -36,6 +36,7 @@ class ProgramView:
     result: dict[str, Any] | None = None  # the latest finished evaluation's EvalResult dict
     evaluation_id: int | None = None
     fitness: float | None = None  # higher is better; None unless passed (and not flagged)
+    diagnosis: str = ""  # a model's reading of a failed or slow result (search/diagnosis.py); "" when none
 
     @property
     def evaluated(self) -> bool:
@@ -190,7 +191,8 @@ class Population:
             logs = r.get("logs") or {}
             tail = "\n".join(f"[{k}] {v}" for k, v in logs.items() if v)
             out.append(FailureNote(program_id=p.id, name=p.name, level=str(r.get("level_reached")),
-                                   verdict=str(r.get("verdict")), reason=str(r.get("reason", "")), log_tail=tail))
+                                   verdict=str(r.get("verdict")), reason=str(r.get("reason", "")), log_tail=tail,
+                                   diagnosis=p.diagnosis))
             if len(out) >= k:
                 break
         return out

@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 # Program sources (the store's PROGRAM_SOURCES) that proposals may carry.
 PROPOSAL_SOURCES = ("llm_diff", "llm_full", "llm_crossover", "design_space", "human")
+# Log characters a failure shown with its diagnosis keeps (the diagnosis already says what the log means).
+DIAGNOSED_TAIL_CHARS = 200
 # Mutation kinds a phase mixes; each maps to the program source its proposals carry.
 MUTATION_KINDS = {"diff": "llm_diff", "full": "llm_full", "crossover": "llm_crossover",
                   "design_space": "design_space"}
@@ -57,12 +59,17 @@ class FailureNote:
     verdict: str
     reason: str
     log_tail: str = ""
+    diagnosis: str = ""  # a model's reading of the failure (search/diagnosis.py), when one was asked for
 
     def render(self, max_chars: int = 600) -> str:
         tail = self.log_tail.strip()
-        if len(tail) > max_chars:
-            tail = "..." + tail[-max_chars:]
+        # A diagnosis says what the log means; the log's last lines stay as evidence, shorter.
+        limit = min(max_chars, DIAGNOSED_TAIL_CHARS) if self.diagnosis else max_chars
+        if len(tail) > limit:
+            tail = "..." + tail[-limit:]
         out = f"- program {self.program_id} ({self.name or 'unnamed'}): {self.verdict} at {self.level}: {self.reason}"
+        if self.diagnosis:
+            out += "\n  diagnosis:\n" + "\n".join("    " + line for line in self.diagnosis.strip().splitlines())
         if tail:
             out += "\n  log tail:\n" + "\n".join("    " + line for line in tail.splitlines())
         return out
@@ -129,6 +136,14 @@ class HasClient(Protocol):
     def client(self) -> LLMClient: ...
 
     meta_client: LLMClient | None
+
+
+@runtime_checkable
+class ServesRoles(Protocol):
+    """Has a client for each side role the search asks ("meta", "diagnosis", "novelty_judge"): the role's own
+    model when one is configured, else the source's first client; with the configured model's name."""
+
+    def role_client(self, role: str) -> tuple[LLMClient, str | None]: ...
 
 
 def unified_diff(old: str, new: str) -> str:

@@ -1,7 +1,8 @@
 """The search's reasoning as plain data, for the person approving proposals (widgets/reasoning.py draws it).
 
 Everything is read from the store, so a dashboard over a running, finished or resumed run shows the same thing:
-the current meta-summary, the proposals the novelty filter rejected and the answers the LLM source resampled or
+the current meta-summary (its three steps: the summary of recent programs, the run's scratchpad and the ranked
+recommendations), the proposals the novelty filter rejected and the answers the LLM source resampled or
 gave up on (run metadata ``llm_notes``), the phase and each island's size and best, the model bandit's arms, and
 for each crossover both of its parents.
 """
@@ -14,6 +15,7 @@ from cuco_kit.search import bandit
 from cuco_kit.search.llm_source import NOTES_KEY
 from cuco_kit.search.model_stats import model_roles
 from cuco_kit.search.models import ModelsConfig
+from cuco_kit.search.novelty_judge import KEY as JUDGEMENTS_KEY
 from cuco_kit.search.population import Population
 from cuco_kit.store import Store
 
@@ -53,8 +55,12 @@ def reasoning_state(store: Store, run_id: int, population: Population | None = N
                    "parent_b": _program_line(pop, p["second_parent_id"])}
                   for p in proposals if p["second_parent_id"] is not None][-recent:]
     return {"meta_summary": {"text": meta.get("text", ""), "generation": meta.get("generation"),
-                             "method": meta.get("method")},
+                             "method": meta.get("method"), "summary": meta.get("summary", ""),
+                             "scratchpad": meta.get("scratchpad", ""),
+                             "recommendations": list(meta.get("recommendations") or [])},
             "phase": st.get("phase") or {}, "generation_done": st.get("generation_done", 0),
             "migrations": len(st.get("migrations", [])), "islands": islands,
-            "novelty_rejections": novelty[-recent:], "llm_notes": notes[-recent:], "bandit": arms,
+            "novelty_rejections": novelty[-recent:],
+            "novelty_judgements": list(store.get_meta(run_id, JUDGEMENTS_KEY, []) or [])[-recent:],
+            "llm_notes": notes[-recent:], "bandit": arms,
             "crossovers": crossovers}

@@ -20,7 +20,7 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource, apply_answer
-from cuco_kit.search.model_stats import ModelRole, model_roles, split_purpose
+from cuco_kit.search.model_stats import ModelRole, model_roles, role_of, split_purpose
 from cuco_kit.search.models import ModelsConfig, ModelSpec
 from cuco_kit.search.synthetic import BASELINE, KNOB_SETS, write_synthetic_workload
 from cuco_kit.store import Store
@@ -141,7 +141,8 @@ def _two_model_run(tmp_path: Path) -> tuple[Store, int, SimulatedEvaluator]:
 def test_two_fake_models_bandit_shifts_to_the_better_one_per_dollar(tmp_path: Path) -> None:
     store, rid, _ = _two_model_run(tmp_path)
     calls = store.llm_calls(rid)
-    by_model = {m: sum(split_purpose(c["purpose"])[1] == m for c in calls) for m in ("cheap-bad", "dear-good")}
+    mutation = [c for c in calls if role_of(c["purpose"]) == "mutation"]  # side roles use the first model too
+    by_model = {m: sum(split_purpose(c["purpose"])[1] == m for c in mutation) for m in ("cheap-bad", "dear-good")}
     assert by_model["cheap-bad"] >= 1 and by_model["dear-good"] >= 3 * by_model["cheap-bad"], by_model
     rows = {r.model: r for r in model_roles(calls, store.programs(rid),
                                             {p["id"]: None for p in store.programs(rid)}) if r.role == "mutation"}

@@ -53,6 +53,10 @@ def search_script() -> list[Scripted]:
             answer("full", FULL, match="rewrite the program", times=0),
             answer("crossover", CROSS, match="combine the strengths", times=0),
             answer("meta", META, match="summarise what the search", times=0),
+            answer("scratchpad", "Works: streaming stores", match="update the search's scratchpad", times=0),
+            answer("recommend", "1. Try wider grids", match="rank recommendations", times=0),
+            answer("diagnosis", "CAUSE: the knob left its set.\nFIX: keep it in.", match="diagnose one evaluation",
+                   times=0),
             answer("repair", FULL, match="could not be applied", times=0),
             answer("resample", RESAMPLE, match="Your proposal was not used", times=0)]
 

@@ -65,6 +65,8 @@ def test_llm_mutator_end_to_end_with_fake_server(tmp_path: Path) -> None:
         answer("full", FULL, match="rewrite the program", times=0),
         answer("crossover", CROSS, match="combine the strengths", times=0),
         answer("meta", META, match="summarise what the search", times=0),
+        answer("scratchpad", "Works: streaming stores", match="update the search's scratchpad", times=0),
+        answer("recommend", "1. Try streaming stores on the best program", match="rank recommendations", times=0),
         # a diff whose SEARCH text the parent no longer has gets one retry; this fixture answers it with blocks
         answer("repair", FULL, match="could not be applied", times=0),
     ]
@@ -112,10 +114,13 @@ def test_llm_mutator_end_to_end_with_fake_server(tmp_path: Path) -> None:
     assert any("Other good programs" in str(r.body) and "### program" in str(r.body) for r in mutate)
     # the ledger recorded every call into the store, by purpose
     purposes = [c["purpose"] for c in store.llm_calls(rid)]
-    assert {"search.mutate.diff", "search.mutate.full", "search.mutate.crossover", "search.meta"} <= set(purposes)
+    assert {"search.mutate.diff", "search.mutate.full", "search.mutate.crossover", "search.meta.summary",
+            "search.meta.scratchpad", "search.meta.recommend"} <= set(purposes)
     assert all(c["ok"] for c in store.llm_calls(rid))
     meta = store.get_meta(rid, "meta_summary")
-    assert meta["method"] == "llm" and "streaming stores won" in meta["text"]
+    assert meta["method"] == "llm" and "streaming stores won" in meta["summary"]
+    assert "Works: streaming stores" in meta["text"] and meta["recommendations"] == [
+        "Try streaming stores on the best program"]
     assert len([e for e in store.evaluations(run_id=rid) if e["verdict"] == "pass"]) >= 4
 
 
@@ -125,13 +130,13 @@ def test_prompts_load_and_name_a_missing_placeholder() -> None:
     from cuco_kit import prompts
     from cuco_kit.errors import BadInput
 
-    assert {"search_system", "search_diff", "search_full", "search_crossover", "search_meta"} <= set(
+    assert {"search_system", "search_diff", "search_full", "search_crossover", "search_meta",
+            "search_meta_scratchpad", "search_meta_recommend", "search_diagnose"} <= set(
         prompts.names())
     assert "parent_code" in prompts.placeholders("search_diff")
     assert "second_parent_code" in prompts.placeholders("search_crossover")
-    with pytest.raises(BadInput, match="failures"):
-        prompts.render("search_meta", workload="w", backend="b", world_size=1, generation=1, statistics="s",
-                       best_programs="b")
+    with pytest.raises(BadInput, match="recent_programs"):
+        prompts.render("search_meta", workload="w", backend="b", world_size=1, generation=1, statistics="s")
     text = prompts.render("search_meta", workload="w", backend="symm", world_size=4, generation=2,
-                          statistics="STATS{}", best_programs="-", failures="none")
+                          statistics="STATS{}", recent_programs="-")
     assert "STATS{}" in text and "$" not in text.split("##")[0]
