@@ -3,7 +3,9 @@
 A cell is derived from the program itself, never from what a proposal claims: the backend, every knob of the
 knob block (placement, sync scope, issuer and chunking are knobs by contract; a numeric range knob by its
 bucket, low / middle / high, so a thread count does not make one cell per value) and a few features of the
-communication analyser (device API used, number of streams). Proposal tags are advisory only.
+communication analyser (device API used, number of streams). The program's API type (LSA, GIN or host,
+`search/api_type.py`) is a dimension of its own, so GIN and LSA designs hold cells apart. Proposal tags are
+advisory only.
 """
 from __future__ import annotations
 
@@ -11,10 +13,10 @@ import logging
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from cuco_kit import markers
+from cuco_kit.search.api_type import api_type, program_features
 from cuco_kit.search.population import Population, ProgramView
 
 log = logging.getLogger("cuco_kit.search")
@@ -38,27 +40,16 @@ def analyzer_features(code: str, keys: Sequence[str] = DEFAULT_FEATURES) -> dict
     """Selected analyser features, or {} where the analyser (tree-sitter) is not installed or fails."""
     if not keys:
         return {}
-    feats = _all_features(code)
+    feats = program_features(code)
     return {k: feats[k] for k in keys if k in feats}
 
 
-@lru_cache(maxsize=512)
-def _all_features(code: str) -> dict[str, Any]:
-    # Cached by text: design-space children differ from their parent in knob values only, and parsing is the
-    # slow part.
-    try:
-        from cuco_kit import analysis
-
-        return dict(analysis.analyze(code).features())
-    except Exception as exc:  # noqa: BLE001 - features refine the cell; their absence must not stop a search
-        log.debug("analyzer features unavailable: %s", exc)
-        return {}
-
-
-def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | None = None) -> str:
-    """``backend=<b>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer. `knobs`
-    are cell values (`markers.cell_values`: a range knob's bucket, not its value)."""
-    parts = [f"backend={backend}", markers.design_cell(knobs)] if knobs else [f"backend={backend}", "knobs=-"]
+def cell_key(knobs: dict[str, str], backend: str, features: dict[str, Any] | None = None,
+             api: str | None = None) -> str:
+    """``backend=<b>|api=<a>|<knob>=<v>|...|<feature>=<v>``: stable (sorted) and readable in the lineage viewer.
+    `knobs` are cell values (`markers.cell_values`: a range knob's bucket, not its value)."""
+    head = [f"backend={backend}"] + ([f"api={api}"] if api else [])
+    parts = head + ([markers.design_cell(knobs)] if knobs else ["knobs=-"])
     features = features or {}
     for k in sorted(features):
         v = features[k]
@@ -70,7 +61,7 @@ def cell_of(code: str, backend: str, feature_keys: Sequence[str] = DEFAULT_FEATU
     """(knob values, cell key) of a program; range knobs enter the key by bucket (`markers.cell_value`)."""
     found = _knobs(code)
     return ({k.name: k.value for k in found},
-            cell_key(markers.cell_values(found), backend, analyzer_features(code, feature_keys)))
+            cell_key(markers.cell_values(found), backend, analyzer_features(code, feature_keys), api_type(code)))
 
 
 @dataclass

@@ -401,6 +401,7 @@ class SearchEngine:
                 self.population.programs[pid].diagnosis = d.text
         # Evaluated in a round whose end was not stored: diagnosed when that round is finished.
         self._to_diagnose = [p.id for p in self.population.all() if p.generation > self._gen_done]
+        self.population.island_api = self.config.islands.api_map()
         self.archive = Archive.rebuild(self.population)
         best = self.population.best()
         self._best = best.fitness if best else None
@@ -679,7 +680,8 @@ class SearchEngine:
             population=self.population, phase=self.phase.settings, rng=rng, kind=g.kind,
             second_parent=g.second, inspirations=insp,
             failures=self.population.failures(cfg.failures_in_prompt), meta_summary=self._meta_summary,
-            seed=cfg.seed, parallel=cfg.slots, n=g.n)
+            seed=cfg.seed, parallel=cfg.slots, n=g.n,
+            system_prompt=islands_mod.system_prompt(g.island, cfg.islands))
 
     def _collect_human(self) -> None:
         if self.human.waiting() == 0:

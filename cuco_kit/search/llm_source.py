@@ -259,7 +259,7 @@ class LLMSource:
             values["inspirations"] = self._inspirations(ctx)
         name = {"diff": "search_diff", "full": "search_full", "crossover": "search_crossover"}[kind]
         wanted = prompts.placeholders(name)
-        return [{"role": "system", "content": prompts.load("search_system")},
+        return [{"role": "system", "content": ctx.system_prompt or prompts.load("search_system")},
                 {"role": "user", "content": prompts.render(name, **{k: v for k, v in values.items() if k in wanted})}]
 
     def max_tokens(self, ctx: ProposalContext, kind: str, model: str | None, messages: list[dict[str, Any]]) -> int:

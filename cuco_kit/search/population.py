@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuco_kit.search.api_type import api_type
 from cuco_kit.search.proposal import FailureNote
 from cuco_kit.store import ProgramRow, Store
 
@@ -37,6 +38,14 @@ class ProgramView:
     evaluation_id: int | None = None
     fitness: float | None = None  # higher is better; None unless passed (and not flagged)
     diagnosis: str = ""  # a model's reading of a failed or slow result (search/diagnosis.py); "" when none
+    _api: str | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def api(self) -> str:
+        """The program's API type ("lsa", "gin", "host"), derived from its code once."""
+        if self._api is None:
+            self._api = api_type(self.code)
+        return self._api
 
     @property
     def evaluated(self) -> bool:
@@ -83,6 +92,7 @@ class Population:
         self.order: list[int] = []
         self.reference_ms: float | None = None  # the seed's median, when measured
         self.extra_members: dict[int, set[int]] = {}  # island -> program ids migrated in
+        self.island_api: dict[int, str] = {}  # island -> its API type, for islands that have one
 
     # -- building -------------------------------------------------------------------------------------------
     def add(self, p: ProgramView) -> ProgramView:
@@ -146,9 +156,11 @@ class Population:
         return [p for p in self.all() if p.source != "seed" and LINEAGE_TAG not in p.tags]
 
     def island_members(self, island: int) -> list[ProgramView]:
+        """Programs placed on the island (and the roots), of its API type when it has one, and those migrated in."""
         extra = self.extra_members.get(island, set())
+        api = self.island_api.get(island)
         return [p for p in self.evolvable()
-                if p.island == island or p.id in extra or p.source in ROOT_SOURCES]
+                if p.id in extra or ((p.island == island or p.source in ROOT_SOURCES) and (not api or p.api == api))]
 
     def scored(self, programs: Iterable[ProgramView] | None = None) -> list[ProgramView]:
         """Programs with a fitness (passed, not flagged), in id order."""

@@ -97,6 +97,7 @@ class ProposalContext:
     seed: int = 0
     parallel: int = 1  # evaluations that run at once (the design-space source picks its sampler by it)
     n: int = 1  # how many proposals are wanted
+    system_prompt: str = ""  # the island's system prompt for LLM sources ("" = the default, search_system.md)
 
 
 @runtime_checkable
