@@ -12,8 +12,10 @@ cuco_setup checks them.
 ``cuco_step`` is the step, as written, less the statements the plan leaves out, after a prologue per function on
 the way (main() first, each in its own block): the harness's values under the program's names (communicator,
 rank, world size, tensors, the harness stream, sizes), the arguments of the call into the next function, and
-the locals the step reads. Scratch buffers, side streams and events are the seed's state, made in cuco_setup;
-work on a side stream is forked from and joined back to the harness stream. With one process driving every
+the locals the step reads. Scratch buffers, side streams and events are the seed's state, a CucoState kept by
+cuco_state<CucoState> and made in cuco_setup, as in the samples; a side stream is a cuco_side_stream_t, forked
+from and joined back to the harness stream. The file's frame (head, state, entry points) is
+templates/seed.cu.in; what fills it is computed here. With one process driving every
 device (ncclCommInitAll) the per-device arrays hold this rank's entry, and a loop over the devices runs once,
 for this rank. The seed builds for `nccl` and for `symm` (host NCCL served by that backend's layer).
 """
@@ -24,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuco_kit.analysis import COMM_CALLS, STREAM_CREATE_CALLS
+from cuco_kit.analysis import COMM_CALLS
 from cuco_kit.cuda_parse import Node, node_text, walk
 from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import ImportPlan
@@ -46,6 +48,7 @@ from cuco_kit.importer.program import (
 )
 from cuco_kit.importer.size_expr import WORLD
 from cuco_kit.importer.sizes import Constant, LocalSize, file_constants, local_sizes, type_text
+from cuco_kit.importer.source_template import render
 from cuco_kit.source_file import read_source
 
 TODO = "TODO(cuco init)"
@@ -183,22 +186,19 @@ class _SeedWriter:
 
     # -- the whole file -------------------------------------------------------------------------------
     def text(self) -> str:
-        todo: list[str] = []
+        """templates/seed.cu.in filled: the head, the program's kept text, and the entry points where main() was."""
         p = self.plan
         via = f" (main() calls it at line(s) {', '.join(map(str, p.call_lines))})" if p.call_lines else ""
-        head = [f"// cuco: backends={SEED_BACKENDS}", "/*",
-                f" * {p.name}: the seed in the candidate ABI, ported by `cuco init` from {p.program} with the plan",
-                f" * (cuco_plan.json). cuco_step is the step: lines {p.step_start}-{p.step_end} of {p.step_function}()"
-                f"{via},",
-                " * as written less what the plan leaves out (timing, reporting, MPI). The harness owns the",
-                " * communicator, the tensors, the stream, timing and verification.", *todo, " */",
-                '#include "cuco_abi.h"']
-        if self._helper_stream_edits():
-            head.append(f"static cudaStream_t {HELPER_STREAM} = 0;  // cuco init: the harness stream, for the "
-                        "functions the step calls (the program used the default stream)")
-        body = self._file_text()
-        entry = "\n\n".join([self._state(), self._setup(), self._step(), self._teardown()])
-        return "\n".join(head) + "\n\n" + body.replace(_ENTRY, entry + "\n").rstrip() + "\n"
+        helper = (f"static cudaStream_t {HELPER_STREAM} = 0;  // cuco init: the harness stream, for the functions "
+                  "the step calls (the program used the default stream)") if self._helper_stream_edits() else ""
+        before, after = self._file_text().split(_ENTRY, 1)
+        text = render("seed.cu", backends=SEED_BACKENDS, name=p.name, program=p.program,
+                      step_start=str(p.step_start), step_end=str(p.step_end), step_function=p.step_function,
+                      via=via, helper_stream=helper, before_entry=before, after_entry=after,
+                      state_members="\n".join(self._state_members()), state_release="\n".join(self._release()),
+                      setup_checks="\n".join(self._setup_checks()), setup_state="\n".join(self._setup_state()),
+                      step_body="\n".join(self._step_lines()), step_result=RECORDED if self.recording else "CUCO_OK")
+        return text.rstrip() + "\n"
 
     def _file_text(self) -> str:
         edits: list[_Edit] = []
@@ -337,26 +337,24 @@ class _SeedWriter:
         return out
 
     # -- the entry points -----------------------------------------------------------------------------
-    def _members(self) -> list[tuple[str, str, str]]:
-        """The seed's state: (C type, member, how teardown releases it)."""
+    def _state_members(self) -> list[str]:
+        """CucoState's fields: scratch buffers, side streams (each a cuco_side_stream_t) and the program's events."""
         p = self.plan
-        members = [(f"{b.ctype}*", _member(b.name), "cudaFree") for b in p.scratch()]
-        members += [("cudaStream_t", _member(s), "cudaStreamDestroy") for s in p.side_streams]
-        members += [("cudaEvent_t", _member(e), "cudaEventDestroy") for e in p.events]
-        if p.side_streams:
-            members += [("cudaEvent_t", n, "cudaEventDestroy")
-                        for n in ["cuco_fork", *(f"cuco_join_{_member(s)}" for s in p.side_streams)]]
-        return members
+        return ([f"  {b.ctype}* {_member(b.name)} = nullptr;" for b in p.scratch()]
+                + [f"  cuco_side_stream_t {_member(s)} = {{}};" for s in p.side_streams]
+                + [f"  cudaEvent_t {_member(e)} = nullptr;" for e in p.events])
 
-    def _state(self) -> str:
-        return "\n".join(["struct CucoState {", *(f"  {t} {n} = nullptr;" for t, n, _ in self._members()), "};"])
-
-    def _setup(self) -> str:
+    def _release(self) -> list[str]:
+        """CucoState::release's body: free what setup made, also after a setup that failed half-way."""
         p = self.plan
-        lines = ["CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {", "  CUCO_CHECK_ABI(ctx);",
-                 "  // the step keeps host NCCL: the nccl backend's communicator, or the symm backend's host-NCCL "
-                 "layer",
-                 "  if (ctx->nccl_comm == NULL) return CUCO_ERR_BACKEND;"]
+        return ([f"    cudaFree({_member(b.name)});" for b in p.scratch()]
+                + [f"    cuco_side_stream_destroy(&{_member(s)});" for s in p.side_streams]
+                + [f"    if ({_member(e)}) cudaEventDestroy({_member(e)});" for e in p.events])
+
+    def _setup_checks(self) -> list[str]:
+        """cuco_setup before the state: world sizes, fixed and free sizes, the tensors the step reads."""
+        p = self.plan
+        lines = []
         if p.worlds:
             cond = " || ".join(f"ctx->world_size == {w}" for w in p.worlds)
             lines.append(f"  if (!({cond})) return CUCO_ERR_PARAM;  // {p.program} runs on these world sizes only")
@@ -368,26 +366,25 @@ class _SeedWriter:
             lines.append(f'  const cuco_tensor_t* t_{_member(b.name)} = cuco_tensor(ctx, "{b.name}");')
             lines.append(f"  if (t_{_member(b.name)} == NULL || t_{_member(b.name)}->capacity_bytes < "
                          f"(size_t)({_c_count(b.count)}) * sizeof({b.ctype})) return CUCO_ERR_PARAM;")
-        lines += ["  CucoState* st = new CucoState();", "  ctx->user = st;"]
+        return lines
+
+    def _setup_state(self) -> list[str]:
+        """cuco_setup making the state, each step while rc is CUCO_OK (settle releases a partial state)."""
+        p = self.plan
+        lines = []
         if p.scratch():
             lines.append("  // zeroed: what a step reads of them without writing it (padding) is the same on every run")
-        for b in p.scratch():
-            nbytes = f"(size_t)({_c_count(b.count)}) * sizeof({b.ctype})"
-            lines.append(f"  CUCO_CUDA_TRY(cudaMalloc(&st->{_member(b.name)}, {nbytes}));")
-            lines.append(f"  CUCO_CUDA_TRY(cudaMemset(st->{_member(b.name)}, 0, {nbytes}));")
-        for s in p.side_streams:
-            call = self._create_call(STREAM_CREATE_CALLS, s) or \
-                f"cudaStreamCreateWithFlags(&st->{_member(s)}, cudaStreamNonBlocking)"
-            lines.append(f"  CUCO_CUDA_TRY({call});")
+        lines += [f"  if (rc == CUCO_OK) rc = cuco_alloc_zeroed(&st->{_member(b.name)}, (size_t)({_c_count(b.count)}));"
+                  for b in p.scratch()]
+        if p.side_streams:
+            lines.append("  // side streams: non-blocking, highest priority, with their fork / join events "
+                         "(cuco_side_stream.h)")
+        lines += [f"  if (rc == CUCO_OK) rc = cuco_side_stream_create(&st->{_member(s)});" for s in p.side_streams]
         for e in p.events:
             call = self._create_call(EVENT_CREATE_CALLS, e) or \
                 f"cudaEventCreateWithFlags(&st->{_member(e)}, cudaEventDisableTiming)"
-            lines.append(f"  CUCO_CUDA_TRY({call});")
-        if p.side_streams:
-            lines.append("  CUCO_CUDA_TRY(cudaEventCreateWithFlags(&st->cuco_fork, cudaEventDisableTiming));")
-            lines += [f"  CUCO_CUDA_TRY(cudaEventCreateWithFlags(&st->cuco_join_{_member(s)}, "
-                      "cudaEventDisableTiming));" for s in p.side_streams]
-        return "\n".join(lines + ["  return CUCO_OK;", "}"])
+            lines.append(f"  if (rc == CUCO_OK) rc = cuco_cuda_status({call});")
+        return lines
 
     def _create_call(self, names: frozenset[str], handle: str) -> str | None:
         """The program's call that creates `handle` (``cudaStreamCreate(&s)``), its first argument the seed's
@@ -404,15 +401,11 @@ class _SeedWriter:
                     return f"{node_text(fn)}(&st->{_member(handle)}{', ' + rest if rest else ''})"
         return None
 
-    def _teardown(self) -> str:
-        lines = ["CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {", "  CucoState* st = (CucoState*)ctx->user;",
-                 "  if (st == NULL) return CUCO_OK;"]
-        lines += [f"  {release}(st->{n});" for _, n, release in self._members()]
-        return "\n".join(lines + ["  delete st;", "  ctx->user = NULL;", "  return CUCO_OK;", "}"])
-
     # -- cuco_step ------------------------------------------------------------------------------------
-    def _step(self) -> str:
-        lines = ["CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {", "  CucoState* st = (CucoState*)ctx->user;"]
+    def _step_lines(self) -> list[str]:
+        """cuco_step's body after the state's lookup: the harness's values under the program's names, frame by
+        frame, then the step."""
+        lines = []
         if self.recording:
             lines.append(f"  {RECORDED} = CUCO_OK;")
         if self._helper_stream_edits():
@@ -435,7 +428,7 @@ class _SeedWriter:
         while depth > 1:
             depth -= 1
             lines.append("  " * (depth - 1) + "  }")
-        return "\n".join(lines + [f"  return {RECORDED if self.recording else 'CUCO_OK'};", "}"])
+        return lines
 
     def _owners(self) -> dict[str, int]:
         """The frame that binds each harness name: the innermost one declaring it; a global is set in the
@@ -499,7 +492,7 @@ class _SeedWriter:
             out += self._bind(p.main_stream, "cudaStream_t", "ctx->stream", dev and self._indexed(p.main_stream))
         for s in p.side_streams:
             if s in here:
-                out += self._bind(s, "cudaStream_t", f"st->{_member(s)}", dev and self._indexed(s))
+                out += self._bind(s, "cudaStream_t", f"st->{_member(s)}.stream", dev and self._indexed(s))
         for e in p.events:
             if e in here:
                 out += self._bind(e, "cudaEvent_t", f"st->{_member(e)}", False)
@@ -633,8 +626,7 @@ class _SeedWriter:
         out: list[str] = []
         if p.side_streams:
             out.append("// side streams start after the harness stream's work and join it before returning (ABI)")
-            out.append("CUCO_CUDA_TRY(cudaEventRecord(st->cuco_fork, ctx->stream));")
-            out += [f"CUCO_CUDA_TRY(cudaStreamWaitEvent({s}, st->cuco_fork, 0));" for s in p.side_streams]
+            out += [f"CUCO_TRY(cuco_side_stream_fork(&st->{_member(s)}, ctx->stream));" for s in p.side_streams]
         left = f"; left out: lines {', '.join(str(x.line) for x in p.left_out)}" if any(
             self.region.contains(s) for s in self.left) else ""
         out.append(f"// the step: {p.program} lines {p.step_start}-{p.step_end} of {p.step_function}(), as "
@@ -661,9 +653,7 @@ class _SeedWriter:
             start = self.data.rfind(b"\n", 0, step[0].start_byte) + 1
             text = self._apply(start, step[-1].end_byte, edits)
         out += _dedent(text).split("\n")
-        for s in p.side_streams:
-            out.append(f"CUCO_CUDA_TRY(cudaEventRecord(st->cuco_join_{_member(s)}, {s}));")
-            out.append(f"CUCO_CUDA_TRY(cudaStreamWaitEvent(ctx->stream, st->cuco_join_{_member(s)}, 0));")
+        out += [f"CUCO_TRY(cuco_side_stream_join(&st->{_member(s)}, ctx->stream));" for s in p.side_streams]
         return out
 
 

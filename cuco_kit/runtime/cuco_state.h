@@ -2,6 +2,8 @@
  * cuco_state.h — the ABI's lifecycle for a candidate that keeps its per-rank state in ctx->user (C++).
  *
  *   struct State { ...; int release(cuco_ctx_t* ctx); };   // frees what setup made, also after a partial setup
+ *                                                          // (a State that owns nothing but its fields, a seed's
+ *                                                          // sizes and pointers say, leaves release out)
  *
  *   cuco_setup:    State* s = cuco_state<State>::open(ctx, ...);   // new State{...}, kept in ctx->user
  *                  ... rc = each setup step while rc == CUCO_OK ...
@@ -24,7 +26,15 @@
 #include "cuco_errors.h"
 
 #ifdef __cplusplus
+#include <type_traits>
 #include <utility>
+
+// Whether State declares int release(cuco_ctx_t*): close calls it only then.
+template <class State, class = void>
+struct cuco_state_has_release : std::false_type {};
+template <class State>
+struct cuco_state_has_release<State, std::void_t<decltype(std::declval<State&>().release((cuco_ctx_t*)nullptr))>>
+    : std::true_type {};
 
 template <class State>
 struct cuco_state {
@@ -44,12 +54,13 @@ struct cuco_state {
     return rc;
   }
 
-  // Teardown: release (whose status is the teardown's), delete, and forget the state.
+  // Teardown: release where State has one (its status is the teardown's), delete, and forget the state.
   static int close(cuco_ctx_t* ctx) {
     State* s = get(ctx);
     ctx->user = nullptr;
     if (s == nullptr) return CUCO_OK;
-    const int rc = s->release(ctx);
+    int rc = CUCO_OK;
+    if constexpr (cuco_state_has_release<State>::value) rc = s->release(ctx);
     delete s;
     return rc;
   }

@@ -38,6 +38,10 @@ using Vec = VecOf<kVecBytes>::type;
 struct AllGatherState {
   ncclDevComm devComm;
   size_t slice_bytes;  // this rank's x, and each slice of y
+  bool dc_made;
+
+  // Free what setup made (also after a failed setup); cuco_state<AllGatherState>::close calls it.
+  int release(cuco_ctx_t* ctx) { return dc_made ? cuco_devcomm_destroy(ctx, &devComm) : CUCO_OK; }
 };
 
 // EVOLVE-BLOCK-START kernel
@@ -85,19 +89,15 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (x->valid_bytes < slice_bytes || y->capacity_bytes < (size_t)ctx->world_size * slice_bytes)
     return CUCO_ERR_PARAM;
 
-  AllGatherState* st = new AllGatherState();
+  AllGatherState* st = cuco_state<AllGatherState>::open(ctx);
   st->slice_bytes = slice_bytes;
   const int rc = cuco_devcomm_create_lsa_world(ctx, kBlocks, &st->devComm);  // every peer's y reachable
-  if (rc != CUCO_OK) {
-    delete st;
-    return rc;
-  }
-  ctx->user = st;
-  return CUCO_OK;
+  st->dc_made = rc == CUCO_OK;
+  return cuco_state<AllGatherState>::settle(ctx, rc);
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  AllGatherState* st = (AllGatherState*)ctx->user;
+  AllGatherState* st = cuco_state<AllGatherState>::get(ctx);
   const cuco_tensor_t* x = cuco_tensor(ctx, "x");
   const cuco_tensor_t* y = cuco_tensor(ctx, "y");
   // EVOLVE-BLOCK-START launch
@@ -108,11 +108,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return CUCO_OK;
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  AllGatherState* st = (AllGatherState*)ctx->user;
-  if (st == NULL) return CUCO_OK;
-  const int rc = cuco_devcomm_destroy(ctx, &st->devComm);
-  delete st;
-  ctx->user = NULL;
-  return rc;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<AllGatherState>::close(ctx); }

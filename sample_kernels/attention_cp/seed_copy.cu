@@ -27,6 +27,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_state.h"
 
 #include "attention_host.cuh"    // the workload's shared host code: frozen, on the include path (build.for_workload)
 #include "attention_kernel.cuh"  // the workload's shared kernel: frozen, on the include path (build.for_workload)
@@ -70,7 +71,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   // Pulling from peers needs their k / v mapped into this process (not needed for our own shard).
   if (!peers_ok(t.k, pb.rank, pb.world) || !peers_ok(t.v, pb.rank, pb.world)) return CUCO_ERR_BACKEND;
 
-  State* s = new State();
+  State* s = cuco_state<State>::open(ctx);
   s->pb = pb;
   s->k_local = t.k->local;
   s->v_local = t.v->local;
@@ -79,12 +80,11 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->kg = (__nv_bfloat16*)kg->local;
   s->vg = (__nv_bfloat16*)vg->local;
   s->p = attn::gathered_params(pb, t, s->kg, s->vg);
-  ctx->user = s;
   return CUCO_OK;
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  const State& s = *(const State*)ctx->user;
+  const State& s = *cuco_state<State>::get(ctx);
   const attn::Problem& pb = s.pb;
   const size_t shard_elems = (size_t)pb.rows_per_rank * pb.heads * pb.d;
   // 1. Gather by pulling: our own shard first (a local copy), then the next ranks, so at any moment the ranks
@@ -102,8 +102,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return cuco_cuda_status(attn::launch(s.p, pb.d, ctx->stream));
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  delete (State*)ctx->user;
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

@@ -28,6 +28,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_state.h"
 
 #include "attention_host.cuh"    // the workload's shared host code: frozen, on the include path (build.for_workload)
 #include "attention_kernel.cuh"  // the workload's shared kernel: frozen, on the include path (build.for_workload)
@@ -62,19 +63,18 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   cuco_tensor_t* vg = cuco_scratch(ctx, "vg");
   if (!attn::scratch_ok(kg, attn::kv_bytes(ctx)) || !attn::scratch_ok(vg, attn::kv_bytes(ctx))) return CUCO_ERR_PARAM;
 
-  State* s = new State();
+  State* s = cuco_state<State>::open(ctx);
   s->pb = pb;
   s->k = (const __nv_bfloat16*)t.k->local;
   s->v = (const __nv_bfloat16*)t.v->local;
   s->kg = (__nv_bfloat16*)kg->local;
   s->vg = (__nv_bfloat16*)vg->local;
   s->p = attn::gathered_params(pb, t, s->kg, s->vg);
-  ctx->user = s;
   return CUCO_OK;
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  const State& s = *(const State*)ctx->user;
+  const State& s = *cuco_state<State>::get(ctx);
   // 1. Gather: rank q's k / v land at tokens [q*Sr, (q+1)*Sr) of every rank's kg / vg.
   const size_t shard_elems = (size_t)s.pb.rows_per_rank * s.pb.heads * s.pb.d;
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
@@ -89,8 +89,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return cuco_cuda_status(attn::launch(s.p, s.pb.d, ctx->stream));
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  delete (State*)ctx->user;
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

@@ -27,6 +27,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_state.h"
 #include "gemm_host.cuh"  // the workload's shared host code: frozen, on the include path (build.for_workload)
 
 namespace {
@@ -53,12 +54,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
     for (int q = 0; q < s.world; ++q)
       if (q != s.rank && s.x_peers[q] == nullptr) return CUCO_ERR_BACKEND;
   }
-  ctx->user = new State(s);
+  cuco_state<State>::open(ctx, s);
   return CUCO_OK;
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  const State& s = *(const State*)ctx->user;
+  const State& s = *cuco_state<State>::get(ctx);
   const size_t shard_elems = (size_t)s.rows_per_rank * s.K;
   // 1. Gather by pulling: start with our own shard (a local copy), then the next ranks, so at any moment the
   //    ranks read from different peers instead of all hammering rank 0.
@@ -74,8 +75,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return s.gemm_rows(h, s.xg, 0, s.M);
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  delete (State*)ctx->user;
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

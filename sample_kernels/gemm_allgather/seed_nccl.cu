@@ -32,6 +32,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_state.h"
 #include "gemm_host.cuh"  // the workload's shared host code: frozen, on the include path (build.for_workload)
 
 // The gathered X needs a symmetric window on every rank (registered windows also let NCCL pick its symmetric
@@ -46,12 +47,12 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (ctx->cublas == nullptr) return CUCO_ERR_PARAM;
   gemm_ag::Operands op;
   CUCO_TRY(op.open(ctx, 1));
-  ctx->user = new gemm_ag::Operands(op);
+  cuco_state<gemm_ag::Operands>::open(ctx, op);
   return CUCO_OK;
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  const gemm_ag::Operands& s = *(const gemm_ag::Operands*)ctx->user;
+  const gemm_ag::Operands& s = *cuco_state<gemm_ag::Operands>::get(ctx);
   // 1. Gather: rank q's x lands at rows [q*M/W, (q+1)*M/W) of every rank's xg.
   const size_t shard_elems = (size_t)s.rows_per_rank * s.K;
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
@@ -62,8 +63,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return s.gemm_rows(h, s.xg, 0, s.M);
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  delete (gemm_ag::Operands*)ctx->user;
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<gemm_ag::Operands>::close(ctx); }

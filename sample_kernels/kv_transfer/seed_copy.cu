@@ -118,7 +118,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   int sms = ctx->sm_count;
   if (sms <= 0) CUCO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
 
-  State* s = new State();
+  State* s = cuco_state<State>::open(ctx);
   s->pb = pb;
   s->proj = projection(pb, t);
   s->page_table = (const int*)t.page_table->local;
@@ -127,13 +127,13 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   s->flag_peers = ctx->flags.peers;
   s->my_flags = ctx->flags.local;
   s->scatter_grid = sms * kScatterCtasPerSm;
-  ctx->user = s;
   return CUCO_OK;
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  const State& s = *(const State*)ctx->user;
+  const State* state = cuco_state<State>::get(ctx);
+  if (state == nullptr) return CUCO_ERR_PARAM;
+  const State& s = *state;
   const bool prefill = s.pb.rank == kPrefillRank;
   const bool decode = s.pb.world == 1 || !prefill;
 
@@ -157,8 +157,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return CUCO_OK;
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  delete (State*)ctx->user;
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

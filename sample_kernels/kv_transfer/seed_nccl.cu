@@ -30,6 +30,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_state.h"
 #include "kv_host.cuh"  // the workload's shared host code: frozen, on the include path (build.for_workload)
 
 namespace {
@@ -89,19 +90,19 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   int sms = ctx->sm_count;
   if (sms <= 0) CUCO_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ctx->device));
 
-  State* s = new State();
+  State* s = cuco_state<State>::open(ctx);
   s->pb = pb;
   s->proj = projection(pb, t);
   s->page_table = (const int*)t.page_table->local;
   s->cache = (__nv_bfloat16*)t.cache->local;
   s->scatter_grid = sms * kScatterCtasPerSm;
-  ctx->user = s;
   return CUCO_OK;
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  const State& s = *(const State*)ctx->user;
+  const State* state = cuco_state<State>::get(ctx);
+  if (state == nullptr) return CUCO_ERR_PARAM;
+  const State& s = *state;
   const Problem& pb = s.pb;
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
   cublasHandle_t handle = (cublasHandle_t)ctx->cublas;
@@ -132,8 +133,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return CUCO_OK;
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  delete (State*)ctx->user;
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

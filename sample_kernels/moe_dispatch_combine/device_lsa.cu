@@ -106,6 +106,7 @@ static_assert(kWaitThreads > 0 && kCombineThreads > 0, "wait / combine kernels n
 struct Segment {
   int src_row, dst_rank, dst_row, rows;
 };
+static_assert(sizeof(Segment) == kSegmentInts * sizeof(int), "plan_layout counts a segment as kSegmentInts ints");
 
 // The per-step plan the host uploads (one copy): two segment lists with their chunk prefixes, and for kPull the
 // first out row on the expert's rank of each expert's rows from this rank.
@@ -117,6 +118,18 @@ struct PlanView {
   int* base_row;      // [E]
   int n_disp, n_back;
 };
+
+// The lists' pointers into a plan buffer of plan_layout(E).ints ints: the pinned host copy or the device one.
+PlanView plan_view(int* buf, size_t E) {
+  const PlanLayout at = plan_layout(E);
+  PlanView v{};
+  v.disp = (Segment*)(buf + at.disp);
+  v.disp_chunk0 = buf + at.disp_chunk0;
+  v.back = (Segment*)(buf + at.back);
+  v.back_chunk0 = buf + at.back_chunk0;
+  v.base_row = buf + at.base_row;
+  return v;
+}
 
 struct PushArgs {
   const uint4* src;               // local rows (send or out)
@@ -266,15 +279,9 @@ __global__ void combine_local(const uint4* ret, const int* pos, const float* w, 
         if (p < 0) continue;
         const float wk = w[t * K + k];
         const uint4 q = ret[(size_t)p * row_vecs + v];
-        const __nv_bfloat16* b = (const __nv_bfloat16*)&q;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wk * __bfloat162float(b[i]);
+        bf16x8_accumulate(acc, wk, q);
       }
-      uint4 o;
-      __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(acc[i]);
-      y[(size_t)t * row_vecs + v] = o;
+      y[(size_t)t * row_vecs + v] = bf16x8_pack(acc);
     }
   }
 }
@@ -295,15 +302,9 @@ __global__ void combine_pull(ncclWindow_t out_win, const int* idx, const int* po
         const uint4* src = (const uint4*)ncclGetLsaPointer(out_win, (row * row_vecs + v) * kVecBytes, e / EL);
         const uint4 q = *src;
         const float wk = w[j];
-        const __nv_bfloat16* b = (const __nv_bfloat16*)&q;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wk * __bfloat162float(b[i]);
+        bf16x8_accumulate(acc, wk, q);
       }
-      uint4 o;
-      __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(acc[i]);
-      y[(size_t)t * row_vecs + v] = o;
+      y[(size_t)t * row_vecs + v] = bf16x8_pack(acc);
     }
   }
 }
@@ -315,12 +316,12 @@ __global__ void combine_pull(ncclWindow_t out_win, const int* idx, const int* po
 void fill_plan(State& s) {
   const int me = s.rank, W = s.W, EL = s.EL, E = s.E;
   PlanView& p = s.plan;
-  int* h = s.plan_host;
-  Segment* disp = (Segment*)h;
-  int* disp_chunk0 = h + 4 * (size_t)E;
-  Segment* back = (Segment*)(h + 5 * (size_t)E + 1);
-  int* back_chunk0 = h + 9 * (size_t)E + 1;
-  int* base_row = h + 10 * (size_t)E + 2;
+  const PlanView h = plan_view(s.plan_host, (size_t)E);
+  Segment* disp = h.disp;
+  int* disp_chunk0 = h.disp_chunk0;
+  Segment* back = h.back;
+  int* back_chunk0 = h.back_chunk0;
+  int* base_row = h.base_row;
   int nd = 0, nb = 0, cd = 0, cb = 0;
   for (int q = 0; q < W; ++q) {
     if (q == me) continue;
@@ -479,7 +480,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   }
   s->flag_peers = ctx->flags.peers;
   s->my_flags = ctx->flags.local + CUCO_FLAGS_RESERVED;
-  s->plan_ints = 11 * (size_t)s->E + 2;  // see fill_plan
+  s->plan_ints = plan_layout((size_t)s->E).ints;
   if (rc == CUCO_OK) {
     rc = cuco_devcomm_create_lsa_world(ctx, kLsaBarriers, &s->dc);  // every peer's windows reachable
     s->dc_made = rc == CUCO_OK;
@@ -487,15 +488,7 @@ CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMallocHost(&s->plan_host, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuco_cuda_status(cudaMalloc(&s->plan_dev, sizeof(int) * s->plan_ints));
   if (rc == CUCO_OK) rc = cuco_alloc_zeroed(&s->done_ctas, 2);  // dispatch, return
-  if (rc == CUCO_OK) {
-    int* d = s->plan_dev;  // same offsets as fill_plan's host view
-    const size_t E = (size_t)s->E;
-    s->plan.disp = (Segment*)d;
-    s->plan.disp_chunk0 = d + 4 * E;
-    s->plan.back = (Segment*)(d + 5 * E + 1);
-    s->plan.back_chunk0 = d + 9 * E + 1;
-    s->plan.base_row = d + 10 * E + 2;
-  }
+  if (rc == CUCO_OK) s->plan = plan_view(s->plan_dev, (size_t)s->E);  // the layout fill_plan writes
   if (rc == CUCO_OK) rc = cuco_side_stream_create(&s->side);  // pushes ahead of queued GEMM CTAs
   return cuco_state<State>::settle(ctx, rc);  // the CTA counters are zero before step 1
 }

@@ -9,6 +9,8 @@
 //                            recv rows (cnt / off / rrow read them back)
 //   Layer::expert_own / expert_arrived / expert_mlp   one local expert's SwiGLU MLP (cuBLAS) on its rows
 //   Layer::decode_arrived_rows, copy_own_outputs, refuse_capture
+//   plan_layout(E)           where each list of the device-initiated source's per-step plan starts in its one
+//                            int buffer, and the buffer's size
 //
 // The kernels it launches are moe_kernels.cuh's. What differs between the sources (how rows travel, who waits for
 // what) stays in each source. For the search this is frozen library code (on the include path and in the build
@@ -87,6 +89,24 @@ inline int refuse_capture(cudaStream_t stream) {
   (void)cudaGetLastError();
   return CUCO_ERR_CUDA;
 }
+
+// The per-step plan a device-initiated source uploads in one copy, laid out in one int buffer for E experts:
+// dispatch segments [E] (kSegmentInts ints each), their chunk prefixes [E + 1], return segments [E], their chunk
+// prefixes [E + 1], base rows [E]. Offsets in ints; `ints` is the buffer's size. One definition for the host that
+// fills the pinned copy and for the device pointers into the uploaded one, so the two cannot drift apart.
+constexpr size_t kSegmentInts = 4;  // a segment: source row, destination rank, destination row, rows
+struct PlanLayout {
+  size_t disp, disp_chunk0, back, back_chunk0, base_row, ints;
+};
+constexpr PlanLayout plan_layout(size_t E) {
+  const size_t disp = 0;
+  const size_t disp_chunk0 = disp + kSegmentInts * E;
+  const size_t back = disp_chunk0 + E + 1;
+  const size_t back_chunk0 = back + kSegmentInts * E;
+  const size_t base_row = back_chunk0 + E + 1;
+  return PlanLayout{disp, disp_chunk0, back, back_chunk0, base_row, base_row + E};
+}
+static_assert(plan_layout(8).back == 5 * 8 + 1 && plan_layout(8).ints == 11 * 8 + 2, "plan lists back to back");
 
 inline bool tensor_ok(const cuco_tensor_t* t, int dtype, size_t bytes) {
   return t != nullptr && t->dtype == dtype && t->local != nullptr && t->capacity_bytes >= bytes;

@@ -1,6 +1,7 @@
 // moe_kernels.cuh — the kernels every moe_dispatch_combine source shares: routing counts, the exclusive scan of
 // per-expert counts, gathering token rows into per-expert send order, the block-scaled e4m3 wire format of
-// dispatched rows (FP8=1), SwiGLU, and the weighted combine.
+// dispatched rows (FP8=1), SwiGLU, and the weighted combine with its bf16x8 accumulate / pack helpers (which the
+// device-initiated source's combine loops call too).
 //
 // The seeds and the device-initiated baseline #include it: build.for_workload puts a workload's folder on the
 // include path when it ships *.cuh headers and hashes them into the build cache key. For the search it is
@@ -178,6 +179,22 @@ __global__ void swiglu(const __nv_bfloat16* gu, size_t rows, int I, __nv_bfloat1
   }
 }
 
+// One 16-byte vector of 8 bf16 in the combine loops: acc[i] += wk * q[i] in fp32, and acc rounded back to bf16.
+// q by value, so the caller's load stays one 16-byte load.
+__device__ __forceinline__ void bf16x8_accumulate(float (&acc)[8], float wk, uint4 q) {
+  const __nv_bfloat16* b = (const __nv_bfloat16*)&q;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] += wk * __bfloat162float(b[i]);
+}
+
+__device__ __forceinline__ uint4 bf16x8_pack(const float (&acc)[8]) {
+  uint4 o;
+  __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(acc[i]);
+  return o;
+}
+
 // y[t] = sum_k w[t, k] * ret[pos[t*K + k]], fp32 accumulation; a CTA per token, threads over 16-byte vectors.
 __global__ void combine(const uint4* ret, const int* pos, const float* w, int Tr, int K, int row_vecs, uint4* y) {
   for (int t = blockIdx.x; t < Tr; t += gridDim.x) {
@@ -188,15 +205,9 @@ __global__ void combine(const uint4* ret, const int* pos, const float* w, int Tr
         if (p < 0) continue;
         const float wk = w[t * K + k];
         const uint4 q = ret[(size_t)p * row_vecs + v];
-        const __nv_bfloat16* b = (const __nv_bfloat16*)&q;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += wk * __bfloat162float(b[i]);
+        bf16x8_accumulate(acc, wk, q);
       }
-      uint4 o;
-      __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(acc[i]);
-      y[(size_t)t * row_vecs + v] = o;
+      y[(size_t)t * row_vecs + v] = bf16x8_pack(acc);
     }
   }
 }

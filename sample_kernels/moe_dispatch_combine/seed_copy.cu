@@ -46,6 +46,12 @@ struct State : Layer {
   void* const* counts_peers;
   uint64_t* const* flag_peers;       // device table of every rank's flag words
   const uint64_t* my_flags;          // this rank's first candidate word
+
+  // Free what setup made (also after a failed setup); cuco_state<State>::close calls it.
+  int release(cuco_ctx_t*) {
+    close();
+    return CUCO_OK;
+  }
 };
 
 // ---- handshake ----------------------------------------------------------------------------------------------
@@ -62,12 +68,6 @@ __global__ void wait_all(const uint64_t* flags, int W, uint64_t epoch) {
   __syncthreads();
 }
 
-void release(State* s) {
-  if (s == nullptr) return;
-  s->close();
-  delete s;
-}
-
 }  // namespace
 
 // The token-row windows and the counts matrix (workload.scratch_bytes gives the same sizes).
@@ -78,29 +78,27 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
   // Any backend whose windows have peer tables; the flag region must hold 2W candidate words.
-  State* s = new State();
+  State* s = cuco_state<State>::open(ctx);
   int rc = s->open(ctx, kWindowNames);
   const bool peers_ok = rc == CUCO_OK && s->windows[kSend]->peers_host != nullptr &&
                         s->windows[kOut]->peers_host != nullptr && s->windows[kCounts]->peers_host != nullptr;
   const bool flags_ok = ctx->flags.local != nullptr && ctx->flags.peers != nullptr &&
                         ctx->flags.count >= CUCO_FLAGS_RESERVED + kReady + 2 * (size_t)ctx->world_size;
   if (rc == CUCO_OK && !(peers_ok && flags_ok)) rc = CUCO_ERR_PARAM;
-  if (rc != CUCO_OK) {
-    release(s);
-    return rc;
+  if (rc == CUCO_OK) {
+    s->send_peers = s->windows[kSend]->peers_host;
+    s->out_peers = s->windows[kOut]->peers_host;
+    s->counts_peers = s->windows[kCounts]->peers_host;
+    s->flag_peers = ctx->flags.peers;
+    s->my_flags = ctx->flags.local + CUCO_FLAGS_RESERVED;
   }
-  s->send_peers = s->windows[kSend]->peers_host;
-  s->out_peers = s->windows[kOut]->peers_host;
-  s->counts_peers = s->windows[kCounts]->peers_host;
-  s->flag_peers = ctx->flags.peers;
-  s->my_flags = ctx->flags.local + CUCO_FLAGS_RESERVED;
-  ctx->user = s;
-  return CUCO_OK;
+  return cuco_state<State>::settle(ctx, rc);
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  State& s = *(State*)ctx->user;
+  State* state = cuco_state<State>::get(ctx);
+  if (state == nullptr) return CUCO_ERR_PARAM;
+  State& s = *state;
   CUCO_TRY(refuse_capture(ctx->stream));
   cudaStream_t st = ctx->stream;
   cublasHandle_t handle = (cublasHandle_t)ctx->cublas;
@@ -166,8 +164,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return cuco_cuda_status(cudaGetLastError());
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  release((State*)ctx->user);
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

@@ -47,6 +47,7 @@
 
 #include "cuco_abi.h"
 #include "cuco_errors.h"
+#include "cuco_state.h"
 #include "moe_host.cuh"     // the workload's shared host code: frozen, on the include path (build.for_workload)
 #include "moe_kernels.cuh"  // the workload's shared kernels: frozen, on the include path (build.for_workload)
 
@@ -57,13 +58,13 @@ using namespace moe_kernels;  // routing, gather, SwiGLU, combine kernels: share
 
 constexpr const char* kWindowNames[kWindows] = {"send", "recv", "out", "ret", "counts"};
 
-struct State : Layer {};
-
-void release(State* s) {
-  if (s == nullptr) return;
-  s->close();
-  delete s;
-}
+struct State : Layer {
+  // Free what setup made (also after a failed setup); cuco_state<State>::close calls it.
+  int release(cuco_ctx_t*) {
+    close();
+    return CUCO_OK;
+  }
+};
 
 }  // namespace
 
@@ -75,19 +76,14 @@ CUCO_EXPORT int cuco_declare_scratch(const cuco_ctx_t* ctx, cuco_scratch_request
 CUCO_EXPORT int cuco_setup(cuco_ctx_t* ctx) {
   CUCO_CHECK_ABI(ctx);
   if (ctx->nccl_comm == nullptr) return CUCO_ERR_BACKEND;
-  State* s = new State();
-  const int rc = s->open(ctx, kWindowNames);
-  if (rc != CUCO_OK) {
-    release(s);
-    return rc;
-  }
-  ctx->user = s;
-  return CUCO_OK;
+  State* s = cuco_state<State>::open(ctx);
+  return cuco_state<State>::settle(ctx, s->open(ctx, kWindowNames));
 }
 
 CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
-  if (ctx->user == nullptr) return CUCO_ERR_PARAM;
-  State& s = *(State*)ctx->user;
+  State* state = cuco_state<State>::get(ctx);
+  if (state == nullptr) return CUCO_ERR_PARAM;
+  State& s = *state;
   CUCO_TRY(refuse_capture(ctx->stream));
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
   cudaStream_t st = ctx->stream;
@@ -158,8 +154,4 @@ CUCO_EXPORT int cuco_step(cuco_ctx_t* ctx) {
   return cuco_cuda_status(cudaGetLastError());
 }
 
-CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
-  release((State*)ctx->user);
-  ctx->user = nullptr;
-  return CUCO_OK;
-}
+CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) { return cuco_state<State>::close(ctx); }

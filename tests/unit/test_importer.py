@@ -71,9 +71,10 @@ def test_deterministic_seed_binds_harness_names_and_keeps_the_step(tmp_path):
     assert "ncclComm_t ring = (ncclComm_t)ctx->nccl_comm;" in seed
     assert "cudaStream_t compute = ctx->stream;" in seed
     assert "ncclSend(kv_local, kv_elems, ncclFloat, next, ring, comm_stream)" in seed
-    # the side stream forks from and joins the harness stream (the ABI)
-    assert seed.index("cudaStreamWaitEvent(comm_stream, st->cuco_fork") < seed.index("ncclGroupStart")
-    assert "cudaStreamWaitEvent(ctx->stream, st->cuco_join_comm_stream" in seed
+    # the side stream is a cuco_side_stream_t: it forks from and joins the harness stream (the ABI)
+    assert "cudaStream_t comm_stream = st->comm_stream.stream;" in seed
+    assert seed.index("cuco_side_stream_fork(&st->comm_stream, ctx->stream)") < seed.index("ncclGroupStart")
+    assert seed.index("ncclGroupEnd") < seed.index("cuco_side_stream_join(&st->comm_stream, ctx->stream)")
     assert s.port_problems(seed, compile_seed=False) == []
 
 
