@@ -6,7 +6,7 @@ evaluation of the filled file into a grade:
 - correct: the evaluation passed L2 (fresh inputs each trial, with the stress build, the late rank and the
   interference kernel of the GPU evaluator's defaults);
 - overlapped: the overlap fraction of its kernel timeline (cuco_kit.overlap) reaches the pass mark.
-The pass mark is set when the answers are recorded on a GPU (benchmarks/exercise/record.py): the midpoint between
+The pass mark is set when the answers are recorded on a GPU (docs/review_panels.md): the midpoint between
 the fraction the reference answer reached and the fraction of a correct answer that waits for everything before
 any GEMM (it hides nothing), measured in the same session; `DEFAULT_MARK` stands in where no recording exists.
 
@@ -33,7 +33,7 @@ from cuco_kit.workload import load_workload
 
 EXERCISE = Path("sample_kernels") / "gemm_allgather" / "exercise_wait.cu"
 WORKLOAD = Path("sample_kernels") / "gemm_allgather"
-RECORDING = Path("benchmarks") / "exercise" / "recording.json"
+RECORDING = Path("recordings") / "exercise-recording.json"  # written by the exercise's record script
 RECORDING_VERSION = 1
 GAPS = ("before_local", "per_chunk")
 DEFAULT_MARK = 0.5  # only where no recording sets the mark (said so in the grade)
@@ -178,17 +178,17 @@ def grade_on_gpu(answer: dict[str, str], evaluator: Evaluator | None = None, *,
 
 
 def load_recording(path: Path | None = None) -> dict[str, Any] | None:
-    """The recorded answers (benchmarks/exercise/recording.json), None when none is committed."""
+    """The recorded answers (RECORDING), None when none is committed."""
     p = path or repo_root() / RECORDING
     if not p.is_file():
         return None
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except ValueError:
-        raise BadInput(f"{p}: not JSON; record it again with benchmarks/exercise/record.py") from None
+        raise BadInput(f"{p}: not JSON; record it again with its record script (docs/review_panels.md)") from None
     if not isinstance(data, dict) or data.get("version") != RECORDING_VERSION:
         raise BadInput(f"{p}: recording version {data.get('version') if isinstance(data, dict) else '?'} is not "
-                       f"{RECORDING_VERSION}; record it again with benchmarks/exercise/record.py")
+                       f"{RECORDING_VERSION}; record it again with its record script (docs/review_panels.md)")
     return data
 
 
@@ -201,8 +201,8 @@ def mark_of(recording: dict[str, Any] | None) -> tuple[float, str]:
 def grade_from_recording(answer: dict[str, str], recording: dict[str, Any] | None) -> Grade:
     """Grade a recorded answer without a GPU (replayed); an answer not in the recording is not graded."""
     if recording is None:
-        return Grade(False, reason="no GPU here and no recording of this exercise (benchmarks/exercise/"
-                                   "recording.json): it cannot be graded on this machine")
+        return Grade(False, reason=f"no GPU here and no recording of this exercise ({RECORDING}): it cannot be "
+                                   "graded on this machine")
     entry = (recording.get("answers") or {}).get(answer_key(answer))
     detail = ", ".join(x for x in (recording.get("gpu"), str(recording.get("date") or "")[:10]) if x)
     if entry is None:

@@ -1,6 +1,6 @@
 """Record the exercise's answers on a GPU (05_teaching, "place the wait"), so notebooks without a GPU can grade them.
 
-    python benchmarks/exercise/record.py [--out benchmarks/exercise] [--repeats 2]
+    python benchmarks/exercise/record.py [--out recordings] [--repeats 2]
 
 Evaluates every hidden answer of answers.py at 2 `symm` ranks at the exercise's size (cuco_kit.exercise.
 ExerciseConfig) with the GPU evaluator's defaults (stress build, late rank, interference; a kernel timeline of 3
@@ -11,8 +11,9 @@ profiled iterations), each `--repeats` times in one warm world, and sets the pas
 i.e. halfway between the answer that hides the transfer and a correct one that hides none of it, both measured in
 this session on this GPU. The mark is refused (exit 1, no recording written) when the two are less than
 MIN_SEPARATION apart: then the overlap cannot tell a placed wait from a serial one at this size. Every answer must
-also grade as answers.EXPECTED says (None: recorded, not checked). Writes recording.json (answers keyed by
-cuco_kit.exercise.answer_key, never by their text; results without logs) and recording.md (the table).
+also grade as answers.EXPECTED says (None: recorded, not checked). Writes recordings/exercise-recording.json
+(answers keyed by cuco_kit.exercise.answer_key, never by their text; results without logs) and
+exercise-recording.md (the table).
 """
 from __future__ import annotations
 
@@ -64,7 +65,7 @@ def median_fraction(results: list[dict[str, Any]]) -> float | None:
 def main(argv: list[str] | None = None, evaluator: Any = None) -> int:
     """`evaluator`: the GPU evaluator unless one is given (the unit test passes a scripted one)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[2] / "recordings")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
     own = evaluator is None
@@ -117,10 +118,10 @@ def main(argv: list[str] | None = None, evaluator: Any = None) -> int:
               "world_size": ex.ExerciseConfig().world_size, "backend": ex.ExerciseConfig().backend,
               "preset": ex.ExerciseConfig().preset, "mark": mark, "mark_rule": rule, "answers": answers}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "recording.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    (args.out / ex.RECORDING.name).write_text(json.dumps(record, indent=1, sort_keys=True))
     table = "\n".join([f"# Exercise recording ({prov.get('gpu')}, {date[:10]})", "", f"Pass mark {mark:.2f}: {rule}.",
                        "", *lines, ""])
-    (args.out / "recording.md").write_text(table)
+    (args.out / ex.RECORDING.with_suffix(".md").name).write_text(table)
     print(table)
     for b in bad:
         print(f"UNEXPECTED: {b}", file=sys.stderr)

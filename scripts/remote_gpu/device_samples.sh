@@ -26,8 +26,8 @@
 #  oracle at 1 rank under nccl and 2 under symm; throughput: benchmarks/executors/gpu_slots.py, evaluations per
 #  GPU-hour and the phase table, every part in one run ($GIT_REV names the revision in its tables); launch_bias:
 #  the launch-bias table with its intervals, checked by its gpu test; exercise: the 05_teaching exercise's hidden
-#  answers evaluated at 2 symm ranks, the pass mark set and recording.json + recording.md written (copy them to
-#  benchmarks/exercise/ to commit), then its gpu test grading a right and two wrong answers)
+#  answers evaluated at 2 symm ranks, the pass mark set and exercise-recording.json + .md written (copy them to
+#  recordings/ to commit), then its gpu test grading a right and two wrong answers)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
 # runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` =
 # what is left minus a margin, so it stops starting evaluations in time to write its JSON; steps that no longer

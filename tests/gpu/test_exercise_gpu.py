@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.serial, pytest.mark.skipif(not gpu_present(), reason="
 def test_record_the_exercise():
     out = Path(os.environ["CUCO_RECORD_DIR"])
     assert record_main(["--out", str(out)]) == 0
-    rec = ex.load_recording(out / "recording.json")
+    rec = ex.load_recording(out / ex.RECORDING.name)
     assert rec is not None and 0.0 < rec["mark"] < 1.0 and len(rec["answers"]) == len(ANSWERS)
     assert ex.grade_from_recording(ANSWERS["reference"], rec).passed
     assert not ex.grade_from_recording(ANSWERS["no_wait"], rec).correct

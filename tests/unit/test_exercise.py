@@ -163,11 +163,11 @@ def test_record_script_sets_the_mark_and_keys_answers_by_hash(tmp_path):
     from record import main as record_main
 
     assert record_main(["--out", str(tmp_path), "--repeats", "1"], evaluator=_ScriptedEvaluator()) == 0
-    rec = ex.load_recording(tmp_path / "recording.json")
+    rec = ex.load_recording(tmp_path / ex.RECORDING.name)
     assert rec is not None and rec["mark"] == pytest.approx((0.8 + 0.1) / 2) and "midpoint" in rec["mark_rule"]
     assert rec["timeline_cost"] == {"runs": 2, "median_s": 1.0, "median_share": 0.05}
     assert "launch_wait" not in json.dumps(rec) and ex.grade_from_recording(ANSWERS["reference"], rec).passed
-    assert "Pass mark 0.45" in (tmp_path / "recording.md").read_text()
+    assert "Pass mark 0.45" in (tmp_path / ex.RECORDING.with_suffix(".md").name).read_text()
     # answers the overlap cannot tell apart: no mark, nothing written
     assert record_main(["--out", str(tmp_path / "no"), "--repeats", "1"],
                        evaluator=_ScriptedEvaluator(separation=0.05)) == 1

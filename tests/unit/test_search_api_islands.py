@@ -179,6 +179,8 @@ def test_llm_calls_from_a_typed_island_send_its_system_prompt(tmp_path: Path) ->
                        islands=IslandConfig(islands=3, api=["host", "lsa", "gin"]),
                        initial_programs=[str(tmp_path / "lsa.cu"), str(tmp_path / "gin.cu")])
     cfg.novelty.enabled = False
+    cfg.diagnosis.enabled = False  # only the mutation calls here: each carries its island's system prompt
+    cfg.meta.interval = 0
     cfg.phases.mode = "fixed"
     cfg.phases.explore.mix = {"diff": 1.0}
     with FakeOpenAIServer([answer("diff", STREAMING_DIFF, match="targeted edits", times=0)]) as srv:
