@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.timeout(360)
 
 ROOT = Path(__file__).resolve().parents[2]
-RECORDING = ROOT / "benchmarks" / "search" / "gemm_allgather-symm4-search-seed0.sqlite"
+RECORDING = ROOT / "recordings" / "gemm_allgather-symm4-search-seed0.sqlite"
 
 
 def test_00_opens_a_bundle_without_gpu(lab: Any):
