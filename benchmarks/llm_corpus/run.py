@@ -75,6 +75,7 @@ def run_case(case: dict, tmp: Path, evaluator: Any) -> dict:
     cfg = SearchConfig(world_size=2, backend="symm", proposals_per_generation=1,
                        budget=BudgetConfig(generations=1, llm_dollars=10.0))
     cfg.phases.mode = "fixed"
+    cfg.diagnosis.enabled = False  # the corpus measures what a mutation answer becomes; diagnosis is another call
     for s in (cfg.phases.explore, cfg.phases.exploit):
         s.mix = {case["kind"]: 1.0}
     with FakeOpenAIServer(script) as srv:
