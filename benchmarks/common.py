@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +27,11 @@ from console import progress, say
 # The sample scripts run by path, not installed: the repository root (the kit) goes first on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cuco_kit import markers
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
 from cuco_kit.evaluate.stats import FLUSH_BYTES, ratio_label
+from cuco_kit.source import markers
 from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,9 +79,13 @@ def smoke_variants(code: str) -> list[tuple[dict[str, str], str]]:
     return [({k.name: k.value for k in ks}, code), (opposite, markers.set_knobs(code, opposite))]
 
 
-def short(kv: Mapping[str, str]) -> str:
-    """A variant's label: its knob values, `/`-joined, enum scopes and the `k` prefix dropped."""
-    return "/".join(v.split("::")[-1].lstrip("k") for v in kv.values())
+def short(kv: Mapping[str, str] | None, order: Sequence[str] = ()) -> str:
+    """A variant's label: its knob values (only those named in `order`, in that order, when given), `/`-joined,
+    enum scopes and the `k` prefix dropped; "-" for none."""
+    if not kv:
+        return "-"
+    keys = [k for k in order if k in kv] if order else list(kv)
+    return "/".join(str(kv[k]).split("::")[-1].removeprefix("k") for k in keys)
 
 
 def base_args(description: str, out_default: Path) -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ Python diffs. The notebooks are committed WITHOUT outputs; run this after editin
     .venv/bin/python scripts/make_notebooks.py --check  # exits 1 when a committed notebook differs
 
 Rules every notebook keeps: the first cell says what it shows, the last what to do next; logic lives in the
-packages (cuco_kit.workbench, cuco_kit.smoke, cuco_kit.teaching, cuco_kit.report, cuco_kit.widgets); nothing
+packages (cuco_kit.workbench with its smoke, teaching and report modules, cuco_kit.widgets); nothing
 waits for a click; under CUCO_SMOKE=1 it runs headless in CI with tiny budgets and ends with nothing left running.
 """
 from __future__ import annotations
@@ -34,7 +34,8 @@ def code(text: str) -> nbformat.NotebookNode:
 
 SETUP = """
 from IPython.display import display
-from cuco_kit import report, smoke, workbench as wb
+from cuco_kit import workbench as wb
+from cuco_kit.workbench import report, smoke
 from cuco_kit.widgets import banner, short_errors
 short_errors()  # the kit's errors show as their one line, not a traceback
 """
@@ -61,7 +62,7 @@ Where the numbers come from is always on screen, as a badge on every view:
 Run the cells from the top (Shift+Enter). Nothing here needs a GPU.
 """),
     code(SETUP + """
-from cuco_kit.analysis import analyze_file
+from cuco_kit.source.analysis import analyze_file
 from cuco_kit.widgets import AnalysisView, DesignSpaceMap, FailureView, LatencyPlot, LineageTree, RunDashboard
 from cuco_kit.workload import load_workload
 
@@ -119,7 +120,7 @@ else:
     md("""
 ## 3. What won
 
-`cuco_kit.report` turns the run into pandas tables: one row per evaluation, the best per design-space cell,
+`cuco_kit.workbench.report` turns the run into pandas tables: one row per evaluation, the best per design-space cell,
 and what failed and why. (The demo search runs for a few seconds; the next cell waits for it to finish.)
 """),
     code("""
@@ -183,7 +184,7 @@ said so on screen, and with nobody to click the notebook approves each attempt i
 `OPENAI_API_KEY` (and optionally `OPENAI_BASE_URL`, `CUCO_MODEL`) for a real model.
 """),
     code(SETUP + """
-from cuco_kit import markers
+from cuco_kit.source import markers
 from cuco_kit.widgets import AnalysisView, LedgerView
 from cuco_kit.widgets.attempt_review import FastPathStepper
 
@@ -345,7 +346,7 @@ with what.
 on one GPU. The evaluator in use, and so the meaning of every number, is named below.
 """),
     code(SETUP + """
-from cuco_kit import teaching
+from cuco_kit.workbench import teaching
 from cuco_kit.widgets import EvalCell, TimelineView
 
 SAMPLE = wb.main_sample()
@@ -420,7 +421,7 @@ ANALYSIS = [
 This notebook **shows** how to read a finished search: which program won and by how much, what its knobs
 changed, the best latency per design-space cell, and what failed, at which level and why (log tails included).
 It opens the recorded real run committed under `recordings/`; while none exists it runs a small
-SIMULATED search first and says so. Every table comes from `cuco_kit.report`, so the same analysis works on
+SIMULATED search first and says so. Every table comes from `cuco_kit.workbench.report`, so the same analysis works on
 any run database (`runs/*.sqlite` from `02_search`, or `cuco search --db ...`).
 """),
     code(SETUP + """
@@ -503,7 +504,7 @@ recorded under `recordings/` (its `MANIFEST.json` lists them) when they exist.
 """),
     code(SETUP + """
 import pandas as pd
-from cuco_kit import teaching
+from cuco_kit.workbench import teaching
 from cuco_kit.widgets import ChunkExplorer, TimelineView
 
 SAMPLE = wb.main_sample()
@@ -580,7 +581,7 @@ none of it. A wrong or slow answer gets a hint. With a GPU your answer is evalua
 recorded on a GPU can be graded (badged replayed), and the cell says so.
 """),
     code("""
-from cuco_kit import exercise
+from cuco_kit.workbench import exercise
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.widgets import ExerciseCell
 
@@ -617,7 +618,7 @@ example program, said so on screen. Without a GPU, L2 is not evaluated (said so)
 **SIMULATED**.
 """),
     code(SETUP + """
-from cuco_kit import your_kernel as yk
+from cuco_kit.workbench import your_kernel as yk
 from cuco_kit.widgets.attempt_review import FastPathStepper
 from cuco_kit.widgets.plan_form import DraftReview, PlanForm
 

@@ -33,10 +33,9 @@ for spec in "${tiers[@]}"; do
   fi
   echo "=== tier $tier (budget ${budget}s)"
   start=$(date +%s)
-  extra=()
   [ "$tier" = notebook ] && export CUCO_SMOKE=1
   timeout --kill-after=10 "$budget" python -m pytest -m "$tier" --timeout="$per_test" --durations=15 \
-    --junitxml="test-artifacts/$tier.xml" "${extra[@]}" -q
+    --junitxml="test-artifacts/$tier.xml" -q
   rc=$?
   unset CUCO_SMOKE
   secs=$(( $(date +%s) - start ))

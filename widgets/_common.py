@@ -10,11 +10,11 @@ from typing import Any
 
 import ipywidgets as W
 
-from cuco_kit.badges import LABELS, detail_of, label
+from cuco_kit.workbench.badges import LABELS, detail_of, label
 
 _COLOURS = {"real": "#1b5e20", "replayed": "#0d47a1", "simulated": "#b71c1c", "unmeasured": "#5d4037",
             "model": "#6a1b9a", "fixture": "#6a1b9a"}
-# badge -> (colour, label); the labels are cuco_kit.badges', so a widget says what the CLI and the banners say
+# badge -> (colour, label); the labels are cuco_kit.workbench.badges', so a widget says what the CLI and the banners say
 BADGE_STYLE = {**{b: (c, LABELS[b]) for b, c in _COLOURS.items()}, "info": ("#37474f", "info"),
                "error": ("#b71c1c", "error")}
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import ipywidgets as W
 
-from cuco_kit.overlap import overlap_text
+from cuco_kit.evaluate.overlap import overlap_text
 from cuco_kit.search.cost import Cost, CostConfig, proposal_cost, within_budget
 from cuco_kit.store import Store
 

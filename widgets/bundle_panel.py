@@ -1,4 +1,4 @@
-"""BundlePanel: open a run bundle (cuco_kit.bundle) in a notebook, with no GPU and no LLM.
+"""BundlePanel: open a run bundle (cuco_kit.workbench.bundle) in a notebook, with no GPU and no LLM.
 
 A path field and an Open button (`load`: not `open`, which is ipywidgets' own and opens the widget's comm); given
 a path (notebook 00 passes $CUCO_BUNDLE) it opens at once, so nothing waits for a click. What it draws is
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import ipywidgets as W
 
-from cuco_kit.bundle import OpenedBundle, open_bundle
 from cuco_kit.errors import CucoError
+from cuco_kit.workbench.bundle import OpenedBundle, open_bundle
 
 from ._common import badge_html, esc
 from .plots import LatencyPlot, LineageTree

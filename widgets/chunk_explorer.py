@@ -14,7 +14,7 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from cuco_kit.teaching import overlap_bound
+from cuco_kit.workbench.teaching import overlap_bound
 
 from ._common import badge_html, esc, fmt_ms
 from .figure_box import FigureBox

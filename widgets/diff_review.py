@@ -13,7 +13,7 @@ from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import CudaLexer
 
-from cuco_kit.patch import diff_rows
+from cuco_kit.source.patch import diff_rows
 
 from ._common import badge_html, esc
 

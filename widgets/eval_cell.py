@@ -17,7 +17,7 @@ import pandas as pd
 
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator, checked_against, timing_medians
 from cuco_kit.evaluate.recordings import RecordedConfig
-from cuco_kit.report import claim, ratio_text
+from cuco_kit.workbench.report import claim, ratio_text
 from cuco_kit.workload import load_workload
 
 from ._common import Throttle, badge_html, esc, fmt_ms, provenance_detail, short

@@ -1,4 +1,5 @@
-"""ExerciseCell: the graded exercise of 05_teaching (cuco_kit.exercise): a text box per gap, Grade, the verdict.
+"""ExerciseCell: the graded exercise of 05_teaching (cuco_kit.workbench.exercise): a text box per gap, Grade, the
+verdict.
 
 With a GPU the answer is evaluated there (in a thread: the cell returns at once, the verdict lands when it is in);
 without one it is graded from the recording when that answer was recorded (badged replayed, GPU and date), and
@@ -12,8 +13,8 @@ from typing import Any
 
 import ipywidgets as W
 
-from cuco_kit import exercise as ex
 from cuco_kit.errors import CucoError
+from cuco_kit.workbench import exercise as ex
 
 from ._common import badge_html, esc
 

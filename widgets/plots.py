@@ -1,7 +1,7 @@
 """Live plotly views of a run: LineageTree, LatencyPlot, DesignSpaceMap.
 
-Each view reads the store through cuco_kit.report and redraws in `refresh()`; RunDashboard calls refresh from its
-throttled updater (about once a second), never per event. A redraw builds a whole new figure and shows it in a
+Each view reads the store through cuco_kit.workbench.report and redraws in `refresh()`; RunDashboard calls refresh
+from its throttled updater (about once a second), never per event. A redraw builds a whole new figure and shows it in a
 FigureBox (widgets/figure_box.py: the whole figure in one message, only when it changed; why not plotly's
 FigureWidget is said there). A lineage node's details open from the "program" menu above the tree.
 """
@@ -16,8 +16,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from cuco_kit.evaluate.api import checked_against
-from cuco_kit.report import cell_table, ratio_text, run_badge, run_frame, short_cells, with_best_so_far
 from cuco_kit.store import Store
+from cuco_kit.workbench.report import cell_table, ratio_text, run_badge, run_frame, short_cells, with_best_so_far
 
 from ._common import badge_html, esc, fmt_ms
 from .figure_box import FigureBox

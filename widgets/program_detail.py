@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from cuco_kit.evaluate.api import checked_against
-from cuco_kit.report import ratio_text
 from cuco_kit.store import Store
+from cuco_kit.workbench.report import ratio_text
 
 from ._common import esc, fmt_ms
 from .budget_approval import program_info_html

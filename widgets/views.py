@@ -9,16 +9,16 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from cuco_kit.report import failure_table
 from cuco_kit.search.model_stats import model_roles
 from cuco_kit.search.population import Population
 from cuco_kit.store import Store
+from cuco_kit.workbench.report import failure_table
 
 from ._common import badge_html, esc
 from .figure_box import FigureBox
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (the analysis imports tree-sitter)
-    from cuco_kit.analysis import AnalysisReport
+    from cuco_kit.source.analysis import AnalysisReport
 
 _KIND_COLOUR = {"collective": "#d62728", "p2p": "#ff7f0e", "kernel": "#1f77b4", "blas": "#2ca02c",
                 "copy": "#9467bd"}
@@ -36,7 +36,7 @@ def _table(rows: Iterable[Mapping[str, Any]], columns: list[str] | None = None) 
 class AnalysisView(W.VBox):
     """The communication graph of a source (nodes in program order on one lane per stream; edges are buffer
     dependencies, red when nothing orders them) and tables of calls, buffers and kernels.
-    `report` is cuco_kit.analysis.AnalysisReport or its to_json_dict()."""
+    `report` is cuco_kit.source.analysis.AnalysisReport or its to_json_dict()."""
 
     def __init__(self, report: AnalysisReport | Mapping[str, Any]) -> None:
         data = dict(report) if isinstance(report, Mapping) else report.to_json_dict()
@@ -153,7 +153,7 @@ class LedgerView(W.VBox):
 
 
 class FailureView(W.HTML):
-    """What failed in a run, by level and reason (`cuco_kit.report.failure_table` of its frame), or one line
+    """What failed in a run, by level and reason (`cuco_kit.workbench.report.failure_table` of its frame), or one line
     saying there were no failures, instead of an empty header row."""
 
     def __init__(self, frame: pd.DataFrame, *, run: str = "run") -> None:

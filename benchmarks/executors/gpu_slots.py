@@ -39,7 +39,6 @@ from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu, git_revision
 
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 
-from cuco_kit import markers
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator, prebuild
 from cuco_kit.evaluate.spec import EvaluatorSpec
@@ -49,6 +48,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import RandomKnobSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.slots import build_workers_default, local_executor
+from cuco_kit.source import markers
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 

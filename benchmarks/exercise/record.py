@@ -2,7 +2,7 @@
 
     python benchmarks/exercise/record.py [--out recordings] [--repeats 2]
 
-Evaluates every hidden answer of answers.py at 2 `symm` ranks at the exercise's size (cuco_kit.exercise.
+Evaluates every hidden answer of answers.py at 2 `symm` ranks at the exercise's size (cuco_kit.workbench.exercise.
 ExerciseConfig) with the GPU evaluator's defaults (stress build, late rank, interference; a kernel timeline of 3
 profiled iterations), each `--repeats` times in one warm world, and sets the pass mark:
 
@@ -12,7 +12,7 @@ i.e. halfway between the answer that hides the transfer and a correct one that h
 this session on this GPU. The mark is refused (exit 1, no recording written) when the two are less than
 MIN_SEPARATION apart: then the overlap cannot tell a placed wait from a serial one at this size. Every answer must
 also grade as answers.EXPECTED says (None: recorded, not checked). Writes recordings/exercise-recording.json
-(answers keyed by cuco_kit.exercise.answer_key, never by their text; results without logs) and
+(answers keyed by cuco_kit.workbench.exercise.answer_key, never by their text; results without logs) and
 exercise-recording.md (the table).
 """
 from __future__ import annotations
@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from answers import ANSWERS, EXPECTED
 
-from cuco_kit import exercise as ex
 from cuco_kit.evaluate.api import EvalResult
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-from cuco_kit.overlap import from_timeline
+from cuco_kit.evaluate.overlap import from_timeline
+from cuco_kit.workbench import exercise as ex
 
 MIN_SEPARATION = 0.2
 REFERENCE, SERIAL = "reference", "waits_for_everything_first"

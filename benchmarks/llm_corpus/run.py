@@ -32,7 +32,7 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
-from cuco_kit.static_check import check_candidate
+from cuco_kit.source.static_check import check_candidate
 from cuco_kit.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -51,11 +51,10 @@ from cuco_kit.evaluate.device import MULTICAST_OFF
 
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 
-from common import ratio_cell
+from common import ratio_cell, short
 from console import progress, say
 from record_configs import record_configs, record_failures
 
-from cuco_kit import markers
 from cuco_kit.evaluate import build as build_mod
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import detect_gpu
@@ -70,6 +69,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.population import ProgramView
+from cuco_kit.source import markers
 from cuco_kit.store import Store
 from cuco_kit.workbench import recorded_runs
 from cuco_kit.workload import load_workload
@@ -102,11 +102,7 @@ def _shown(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def short(knobs: dict[str, str] | None) -> str:
-    if not knobs:
-        return "-"
-    order = ("kPlacement", "kSync", "kIssuer", "kChunks")
-    return "/".join(str(knobs[k]).split("::")[-1].removeprefix("k") for k in order if k in knobs)
+SHOWN = ("kPlacement", "kSync", "kIssuer", "kChunks")  # a variant's label in the tables
 
 
 def placement(knobs: dict[str, str] | None) -> str | None:
@@ -216,7 +212,7 @@ def run_search(name: str, method: str, seed: int, world: int, backend: str, para
             knobs = {}
         val = (f"{d['median_ms']:.4f} ms {d['speedup']:.3f}x" if d.get("median_ms") is not None
                and d.get("speedup") is not None else (d.get("reason") or "")[:90])
-        say(f"  [{name}] eval {d['evaluation_id']:3d} {short(knobs):28s} {d['verdict']:5s} "
+        say(f"  [{name}] eval {d['evaluation_id']:3d} {short(knobs, SHOWN):28s} {d['verdict']:5s} "
             f"{d['level_reached']} [{d['badge']}] {val}")
 
     events.subscribe(show)
@@ -374,7 +370,8 @@ def compare(runs: list[dict[str, Any]], seeds: list[int]) -> dict[str, Any]:
         ba, bb = best_of(ca[:n]), best_of(cb[:n])
         row = {"seed": s, "equal_budget_candidates": n,
                "search_best_ms": ba and ba["median_ms"], "random_best_ms": bb and bb["median_ms"],
-               "search_best_knobs": ba and short(ba["knobs"]), "random_best_knobs": bb and short(bb["knobs"]),
+               "search_best_knobs": ba and short(ba["knobs"], SHOWN),
+               "random_best_knobs": bb and short(bb["knobs"], SHOWN),
                "search_best_vs_seed": ba and ba["speedup"], "random_best_vs_seed": bb and bb["speedup"],
                "same_point": bool(ba and bb and ba["knobs"] == bb["knobs"])}
         if ba and bb:
@@ -429,7 +426,8 @@ def make_table(result: dict[str, Any]) -> str:
             f"| {r['name']} | {r['world']} | {r['backend']} | {fmt(r['provenance'].get('mps'))} | "
             f"{m['presets'][r['name']]} | {r['method']} | {r['seed']} | {r['candidates']} ({r['passed']}) | "
             f"{fmt(r['best_ms'])} | {best_ratio(r)} | {fmt(r['baseline_ms'])} | {fmt(r['seed_ms'])} | "
-            f"{short(r['best_knobs'])} | {', '.join(r['placements_evaluated']) or '-'} | {fmt(r['wall_s'], 1)} |")
+            f"{short(r['best_knobs'], SHOWN)} | {', '.join(r['placements_evaluated']) or '-'} | "
+            f"{fmt(r['wall_s'], 1)} |")
     c = result["comparison"]
     if c["per_seed"]:
         lines += ["", "## Search vs random sampling of the same knob space (4 ranks, symm), equal budget", "",
@@ -549,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     recorded_failures: dict[str, Any] = {}
     try:
         # 1. builds
-        jobs = [(f"device_lsa {short(v)}", code, b) for b in backends for v, code in variants]
+        jobs = [(f"device_lsa {short(v, SHOWN)}", code, b) for b in backends for v, code in variants]
         for b in backends:
             seed_file = wl.seeds[b]
             jobs.append((seed_file, (ROOT / WL_REL / seed_file).read_text(), b))
@@ -649,7 +647,8 @@ def main(argv: list[str] | None = None) -> int:
                 done_runs += 1
                 search_wall += res["wall_s"]
                 print(f"  -> {res['candidates']} candidates ({res['passed']} passed) in {res['wall_s']:.1f} s; "
-                      f"best {fmt(res['best_ms'])} ms ({short(res['best_knobs'])}), {fmt(res['best_speedup'], 3)}x "
+                      f"best {fmt(res['best_ms'])} ms ({short(res['best_knobs'], SHOWN)}), "
+                      f"{fmt(res['best_speedup'], 3)}x "
                       f"seed; {res['state']}: {res['reason']}{'; ERROR ' + res['error'] if res['error'] else ''}",
                       flush=True)
     except Exception:  # noqa: BLE001 - reported (and the exit code says so); what ran is still written
@@ -698,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
     placements_won: dict[str, str] = {}
     for r in runs:
         if r["best_knobs"]:
-            placements_won[r["name"]] = f"{placement(r['best_knobs'])} ({short(r['best_knobs'])})"
+            placements_won[r["name"]] = f"{placement(r['best_knobs'])} ({short(r['best_knobs'], SHOWN)})"
     prov = next((r["provenance"] for r in runs if r["provenance"].get("gpu") and r["backend"] == "symm"),
                 next((r["provenance"] for r in runs if r["provenance"].get("gpu")), {}))
     checks = []

@@ -51,7 +51,6 @@ from cuco_kit.evaluate.device import MULTICAST_OFF
 
 os.environ.update(MULTICAST_OFF)  # every child inherits multicast off (the launcher sets them too)
 
-from cuco_kit import markers
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Progress
 from cuco_kit.evaluate.device import detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
@@ -62,6 +61,7 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource
 from cuco_kit.search.engine import SearchEngine
+from cuco_kit.source import markers
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from cuco_kit.analysis import analyze_file
+from cuco_kit.source.analysis import analyze_file
 from cuco_kit.terminal import clean
 
 HELP = "communication analysis of a CUDA source"

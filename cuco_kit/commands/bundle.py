@@ -1,7 +1,7 @@
 """`cuco bundle RUN.sqlite -o run.cucobundle [--llm-recording REC.jsonl ...]`: one file that carries a run.
 
-The bundle (cuco_kit/bundle.py) holds the run's database, its evaluations' provenance and kernel timelines and the
-LLM recordings given; `cuco open` replays it anywhere, with no GPU and no LLM.
+The bundle (cuco_kit/workbench/bundle.py) holds the run's database, its evaluations' provenance and kernel timelines
+and the LLM recordings given; `cuco open` replays it anywhere, with no GPU and no LLM.
 """
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import argparse
 import shutil
 from pathlib import Path
 
-from cuco_kit.bundle import SUFFIX, open_bundle, write_bundle
 from cuco_kit.terminal import clean
+from cuco_kit.workbench.bundle import SUFFIX, open_bundle, write_bundle
 
 HELP = "pack a run's database, provenance, timelines and LLM recordings into one file"
 

@@ -8,7 +8,7 @@ import argparse
 import json
 import sys
 
-from cuco_kit.static_check import check_candidate, load_source
+from cuco_kit.source.static_check import check_candidate, load_source
 from cuco_kit.terminal import clean
 
 HELP = "L0 static check of a candidate against its parent"

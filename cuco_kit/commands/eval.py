@@ -18,7 +18,7 @@ from tqdm import tqdm
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, checked_against, timing_medians
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-from cuco_kit.source_file import read_source
+from cuco_kit.source.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean
 from cuco_kit.workload import MAX_RANKS, load_workload, parse_overrides

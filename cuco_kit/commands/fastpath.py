@@ -33,7 +33,7 @@ from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
 from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig, FastPathResult
 from cuco_kit.llm import LLMClient, OpenAICompatibleClient
-from cuco_kit.static_check import load_source
+from cuco_kit.source.static_check import load_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean
 

@@ -13,7 +13,7 @@ from typing import TextIO
 
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.importer.session import Draft, ImportSession
-from cuco_kit.source_file import read_source
+from cuco_kit.source.source_file import read_source
 from cuco_kit.terminal import clean
 
 PROMPT = "decision: [a]pprove | [r]eject NOTE | [e]dit FILE | [k]eep what is there | [q]uit > "

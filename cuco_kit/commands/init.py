@@ -30,7 +30,7 @@ from cuco_kit.importer.plan import ImportPlan, check_plan
 from cuco_kit.importer.session import ImportSession
 from cuco_kit.importer.workload_writer import PLAN_FILE
 from cuco_kit.llm import Ledger, LedgeredClient, OpenAICompatibleClient
-from cuco_kit.source_file import MAX_JSON_BYTES, read_text
+from cuco_kit.source.source_file import MAX_JSON_BYTES, read_text
 from cuco_kit.terminal import clean, one_line
 
 HELP = "import a host-driven CUDA + NCCL program as a workload folder"

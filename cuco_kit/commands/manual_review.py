@@ -9,7 +9,7 @@ from typing import Any, TextIO
 
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.fastpath import FastPath, StageOutcome
-from cuco_kit.static_check import load_source
+from cuco_kit.source.static_check import load_source
 from cuco_kit.terminal import clean
 
 PROMPT = "decision: [a]pprove | [r]eject NOTE | [e]dit FILE | [q]uit > "

@@ -19,7 +19,7 @@ from pathlib import Path
 from cuco_kit.errors import BadInput
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.models import ModelsConfig, ModelSpec
-from cuco_kit.source_file import MAX_JSON_BYTES, read_text
+from cuco_kit.source.source_file import MAX_JSON_BYTES, read_text
 
 # Side roles with a flag of their own, and what each model does (the flags' help).
 _ROLE_FLAGS = {"meta": "the meta-summary (summary, scratchpad, ranked recommendations)",

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cuco_kit.bundle import open_bundle
 from cuco_kit.terminal import clean
+from cuco_kit.workbench.bundle import open_bundle
 
 HELP = "open a run bundle (cuco bundle) with no GPU and no LLM: summary and where to look"
 BUNDLE_ENV = "CUCO_BUNDLE"

@@ -28,7 +28,6 @@ else:  # pragma: no cover - Python 3.10 (pyproject installs tomli there)
 
 from tqdm import tqdm
 
-from cuco_kit import markers
 from cuco_kit.commands.executor_options import (
     add_executor_arguments,
     check_executor_arguments,
@@ -63,7 +62,8 @@ from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
 from cuco_kit.search.start_point import FROM_HINT, read_baseline, read_start, start_from
-from cuco_kit.source_file import read_source
+from cuco_kit.source import markers
+from cuco_kit.source.source_file import read_source
 from cuco_kit.store import Store
 from cuco_kit.terminal import clean, one_line
 from cuco_kit.workbench import recorded_runs

@@ -125,7 +125,7 @@ def run_l0(code: str, parent_code: str | None) -> tuple[bool | None, list[str], 
     if hit is not None:
         return hit
     try:
-        from cuco_kit.static_check import check_candidate
+        from cuco_kit.source.static_check import check_candidate
     except ModuleNotFoundError as exc:
         if "tree_sitter" in str(exc):
             return None, [], ("L0 not run: tree-sitter is not installed on this machine (pip install "

@@ -7,8 +7,8 @@ win, some combinations clash) that a search can learn. Along a numeric range kno
 around a hashed optimum, and interactions see only the knob's bucket (markers.cell_value), as real tuning
 constants behave. Some combinations fail at L1 ("build") or L2
 ("verification") with a reason; per-iteration noise comes from an RNG seeded by (seed, code, request seed), so
-the same request always gets the same result. L0 is the real static check (cuco_kit.static_check) when the request
-carries the parent's code; edits outside the knob block perturb the latency a little (a hash of the code).
+the same request always gets the same result. L0 is the real static check (cuco_kit.source.static_check) when the
+request carries the parent's code; edits outside the knob block perturb the latency a little (a hash of the code).
 
 Like a GPU evaluator it has a set of GPUs it may use: ``visible_devices`` (an executor's slot gives it), else the
 process's CUDA_VISIBLE_DEVICES (a Ray actor's); provenance reports it, so tests of the executors can check which
@@ -26,10 +26,10 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from cuco_kit import markers
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import FLAG_SPEEDUP, EvalRequest, EvalResult, Progress
 from cuco_kit.evaluate.stats import speedup_ci
+from cuco_kit.source import markers
 
 
 def _u(*parts: object) -> float:
@@ -128,7 +128,7 @@ class SimulatedEvaluator:
         step("L0", "static check")
         knobs, problem = _knobs(code)
         if problem is None and self.check_l0 and request.parent_code is not None:
-            from cuco_kit import static_check
+            from cuco_kit.source import static_check
 
             report = static_check.check_candidate(code, request.parent_code)
             problem = None if report.ok else "; ".join(report.reasons[:3])

@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit import markers
-from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import LEVELS, EvalRequest, EvalResult, Evaluator, Level, Verdict, checked_against
 from cuco_kit.evaluate.build import BuildConfig, build, for_workload, supported_backends
@@ -39,9 +37,11 @@ from cuco_kit.fastpath import steps
 from cuco_kit.fastpath.sanitizer import SanitizerReport, has_illegal_access, sanitize
 from cuco_kit.fastpath.steps import L0Check
 from cuco_kit.llm import Ledger, LedgeredClient, LLMClient, LLMError, LLMTruncated
-from cuco_kit.patch import extract_code_block, unified_diff
 from cuco_kit.prompts import load, render
 from cuco_kit.prompts.nccl_api import device_api_excerpts
+from cuco_kit.source import markers
+from cuco_kit.source.analysis import AnalysisReport, analyze
+from cuco_kit.source.patch import extract_code_block, unified_diff
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 

@@ -7,10 +7,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuco_kit import cuda_parse as cp
-from cuco_kit import markers, static_check
-from cuco_kit.analysis import AnalysisReport, analyze
 from cuco_kit.errors import BadInput
+from cuco_kit.source import cuda_parse as cp
+from cuco_kit.source import markers, static_check
+from cuco_kit.source.analysis import AnalysisReport, analyze
 
 ABI_ENTRY_POINTS = ("cuco_setup", "cuco_step", "cuco_teardown")
 _INCLUDE_IN_BLOCK = "#include inside EVOLVE block"

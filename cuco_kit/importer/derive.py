@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.analysis import REDUCING_COLLECTIVES, STREAM_CREATE_CALLS, Allocation, SetupCall
-from cuco_kit.cuda_parse import Node, function_name, node_text, walk
 from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import CTYPES, BufferPlan, ImportPlan, LeftOut
 from cuco_kit.importer.program import (
@@ -52,6 +50,8 @@ from cuco_kit.importer.sizes import (
     multiples,
     type_text,
 )
+from cuco_kit.source.analysis import REDUCING_COLLECTIVES, STREAM_CREATE_CALLS, Allocation, SetupCall
+from cuco_kit.source.cuda_parse import Node, function_name, node_text, walk
 
 COMM_INIT = ("ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitRankScalable", "ncclCommInitAll")
 _DEVICE_MEMORY = ("cuda", "nccl", "managed")

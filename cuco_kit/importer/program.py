@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cuco_kit.analysis import (
+from cuco_kit.source.analysis import (
     ALLOC_CALLS,
     BLAS_CALLS,
     COMM_CALLS,
@@ -35,7 +35,7 @@ from cuco_kit.analysis import (
     analyze,
     in_loop,
 )
-from cuco_kit.cuda_parse import (
+from cuco_kit.source.cuda_parse import (
     Node,
     callee,
     declarator_name,

@@ -26,8 +26,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuco_kit.analysis import COMM_CALLS
-from cuco_kit.cuda_parse import Node, node_text, walk
 from cuco_kit.errors import BadInput
 from cuco_kit.importer.plan import ImportPlan
 from cuco_kit.importer.program import (
@@ -49,7 +47,9 @@ from cuco_kit.importer.program import (
 from cuco_kit.importer.size_expr import WORLD
 from cuco_kit.importer.sizes import Constant, LocalSize, file_constants, local_sizes, type_text
 from cuco_kit.importer.source_template import render
-from cuco_kit.source_file import read_source
+from cuco_kit.source.analysis import COMM_CALLS
+from cuco_kit.source.cuda_parse import Node, node_text, walk
+from cuco_kit.source.source_file import read_source
 
 TODO = "TODO(cuco init)"
 RECORDED = "cuco_recorded_error"

@@ -30,9 +30,9 @@ from cuco_kit.importer.workload_writer import (
     write_workload,
 )
 from cuco_kit.llm import LLMClient, LLMError
-from cuco_kit.patch import extract_code_block, unified_diff
 from cuco_kit.prompts import render
-from cuco_kit.source_file import read_source
+from cuco_kit.source.patch import extract_code_block, unified_diff
+from cuco_kit.source.source_file import read_source
 from cuco_kit.workload import load_workload
 
 _PYTHON_BLOCK = re.compile(r"```(?:python|py)\s*\n(?P<body>.*?)```", re.DOTALL)
@@ -110,7 +110,7 @@ class ImportSession:
         for f in ("cuco_setup", "cuco_step", "cuco_teardown"):
             if not re.search(rf"\b{f}\s*\(", code):
                 problems.append(f"{f} is not defined")
-        from cuco_kit.analysis import analyze
+        from cuco_kit.source.analysis import analyze
 
         try:
             rep = analyze(code, SEED_FILE)

@@ -12,7 +12,7 @@ import operator
 import re
 from collections.abc import Callable, Mapping
 
-from cuco_kit.cuda_parse import Node, node_text, parse, walk
+from cuco_kit.source.cuda_parse import Node, node_text, parse, walk
 
 # sizeof(T) of the element types cuco init maps to workload dtypes (and a few common ones in size expressions).
 SIZEOF = {"float": 4, "double": 8, "int": 4, "unsigned": 4, "int32_t": 4, "uint32_t": 4, "int64_t": 8,

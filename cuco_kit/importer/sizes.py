@@ -16,7 +16,6 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from cuco_kit.cuda_parse import Node, node_text, walk
 from cuco_kit.importer.program import (
     ENV_CALLS,
     PARSE_CALLS,
@@ -31,6 +30,7 @@ from cuco_kit.importer.program import (
     writes_of,
 )
 from cuco_kit.importer.size_expr import Untranslatable, c_value, expression
+from cuco_kit.source.cuda_parse import Node, node_text, walk
 
 INTEGER_TYPES = frozenset({
     "int", "unsigned", "unsigned int", "signed", "long", "long int", "long long", "long long int", "unsigned long",

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from cuco_kit import cuda_parse as cp
 from cuco_kit.errors import CucoError
 from cuco_kit.evaluate.build import _wheel_subdir, nccl_header_version, nccl_version_string
+from cuco_kit.source import cuda_parse as cp
 
 # Bump when the extraction changes, so stale disk caches are ignored.
 EXTRACTOR_VERSION = 1

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_abi.h — the candidate ABI, version 1 (frozen: any change bumps CUCO_ABI_VERSION).
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_devcomm.h — runtime helpers shared by both backends; included by cuco_lsa.h after the NCCL device API
  * (real or compat) so ncclDevComm and ncclWindow_t are known.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_errors.h — error propagation for a candidate's host code: a failed CUDA, cuBLAS or NCCL call becomes the
  * matching CUCO_ERR_* code of cuco_abi.h and is returned from the enclosing function (an entry point, or a helper

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_lsa.h — the one include of a device-initiated candidate: ABI + NCCL device API (real or compat) +
  * runtime helpers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_side_stream.h — a second stream for work that overlaps ctx->stream (puts beside GEMMs, say), forked off
  * ctx->stream and joined back to it within one cuco_step, as the ABI requires.

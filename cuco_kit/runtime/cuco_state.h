@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_state.h — the ABI's lifecycle for a candidate that keeps its per-rank state in ctx->user (C++).
  *

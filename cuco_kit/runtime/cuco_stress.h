@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_stress.h — race amplification for verification: the stress build of the signalling primitives.
  *

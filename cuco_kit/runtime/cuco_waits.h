@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * cuco_waits.h — the bound on every wait of the runtime, and the record of the wait that gave up.
  *

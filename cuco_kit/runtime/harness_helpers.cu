@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // harness_helpers.cu — device work the harness itself needs inside a rank (never part of a candidate).
 //
 // Built once per cache into libcuco_harness.so and loaded by every rank worker with ctypes:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * host_nccl_compat.h — how symm_nccl/nccl.h serves NCCL's host API over the ranks' shared memory. Included by
  * that header only (under nvcc); nothing here is API.

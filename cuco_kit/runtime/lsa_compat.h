@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * lsa_compat.h — the subset of NCCL's device API (2.28) that the samples use, for the `symm` backend.
  *

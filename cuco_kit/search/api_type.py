@@ -1,6 +1,6 @@
 """A program's communication API type -- "lsa" (device-initiated load/store over NVLink), "gin" (device-initiated
 one-sided puts over the network) or "host" (host collectives, or no communication at all) -- derived from its
-source by the communication analyser (`cuco_kit.analysis`), never from what a proposal claims.
+source by the communication analyser (`cuco_kit.source.analysis`), never from what a proposal claims.
 
 The type is a design dimension of the search: it enters the archive's cell (so GIN and LSA designs are elites of
 cells of their own), and islands may be given one (`IslandConfig.api`) so each evolves designs of that API.
@@ -30,7 +30,7 @@ def program_features(code: str) -> dict[str, Any]:
     """Every analyser feature of ``code`` ({} where the analyser is not installed or fails). Cached by text:
     design-space children differ from their parent in knob values only, and parsing is the slow part."""
     try:
-        from cuco_kit import analysis
+        from cuco_kit.source import analysis
 
         return dict(analysis.analyze(code).features())
     except Exception as exc:  # noqa: BLE001 - features refine the cell; their absence must not stop a search

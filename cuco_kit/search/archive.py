@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cuco_kit import markers
 from cuco_kit.search.api_type import api_type, program_features
 from cuco_kit.search.population import Population, ProgramView
+from cuco_kit.source import markers
 
 log = logging.getLogger("cuco_kit.search")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
-from cuco_kit import markers, patch
 from cuco_kit.errors import CucoError
+from cuco_kit.source import markers, patch
 
 # Characters per token assumed when sizing an answer: code tokenises at about 3.5 to 4 characters a token, so 3
 # leaves room; the fixed part covers the NAME / RATIONALE / TAGS header and some prose.

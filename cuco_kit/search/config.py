@@ -83,9 +83,10 @@ class SearchConfig:
     # More programs to start from (files, each checked like a --from result): evaluated at generation 0 next to
     # the baseline root, the i-th on island (i + 1) % islands, so islands start from different programs.
     initial_programs: list[str] = field(default_factory=list)
-    # Which evaluations also record the per-rank kernel timeline the overlap column is read from (cuco_kit.overlap):
-    # "every" program, "off". It costs one more untimed step per rank under torch.profiler after timing (never
-    # part of the score): the profiler's start-up and one iteration, per evaluation that passes L2.
+    # Which evaluations also record the per-rank kernel timeline the overlap column is read from
+    # (cuco_kit.evaluate.overlap): "every" program, "off". It costs one more untimed step per rank under
+    # torch.profiler after timing (never part of the score): the profiler's start-up and one iteration, per
+    # evaluation that passes L2.
     timeline: str = "every"
 
     def __post_init__(self) -> None:

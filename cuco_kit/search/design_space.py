@@ -7,7 +7,7 @@ the parent's own values are enqueued first (``enqueue_trial``) and told with its
 evaluated children are added as finished trials from our store's results, and then the sampler is asked for
 new points. Combinations known to fail (earlier failures in the lineage, or a user predicate) are infeasible
 through ``constraints_func``. Every point asked for becomes SEARCH/REPLACE edits of the knob lines, applied by
-cuco_kit.patch exactly like an LLM's diff, so design-space proposals carry the same diff format.
+cuco_kit.source.patch exactly like an LLM's diff, so design-space proposals carry the same diff format.
 
 Samplers: ``GPSampler`` for small budgets run one at a time (it needs scipy and torch; when they are missing
 TPE is used and the fallback is logged once), ``TPESampler(multivariate=True, constant_liar=True)`` when
@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cuco_kit import markers, patch
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, unified_diff
+from cuco_kit.source import markers, patch
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -247,7 +247,7 @@ class DesignSpaceSource:
     @staticmethod
     def _apply(code: str, knobs: list[markers.Knob], values: dict[str, str]) -> str | None:
         """SEARCH/REPLACE edits of the changed knob lines (each line is unique: a knob is declared once),
-        applied with cuco_kit.patch, the path an LLM's diff takes."""
+        applied with cuco_kit.source.patch, the path an LLM's diff takes."""
         target = markers.set_knobs(code, values).split("\n")
         lines = code.split("\n")
         edits = [patch.Edit(lines[k.line - 1], target[k.line - 1]) for k in knobs if values[k.name] != k.value]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from cuco_kit import patch
 from cuco_kit.errors import BadInput
 from cuco_kit.search.proposal import Proposal, ProposalContext, unified_diff
+from cuco_kit.source import patch
 
 
 @dataclass
@@ -24,7 +24,7 @@ class HumanEdit:
 def human_proposal(parent_id: int, parent_code: str, *, code: str | None = None, edits: str | None = None,
                    name: str = "", rationale: str = "", tags: list[str] | None = None) -> Proposal:
     """A proposal from a person's edit: either the whole ``code`` or SEARCH/REPLACE ``edits`` (applied with
-    cuco_kit.patch, so edits outside EVOLVE blocks are refused with a message naming the edit)."""
+    cuco_kit.source.patch, so edits outside EVOLVE blocks are refused with a message naming the edit)."""
     if (code is None) == (edits is None):
         raise BadInput("a human proposal needs exactly one of code=... (the whole program) or edits=... "
                        "(SEARCH/REPLACE blocks)")

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cuco_kit import markers, patch, prompts
+from cuco_kit import prompts
 from cuco_kit.llm.client import Completion, LLMBudgetExceeded, LLMClient, LLMError, LLMTruncated
 from cuco_kit.llm.ledger import LedgeredClient, prompt_tokens_bound
 from cuco_kit.llm.openai_client import LLMConfig
@@ -39,6 +39,7 @@ from cuco_kit.search.model_stats import MODEL_TAG, model_roles, purpose_with_mod
 from cuco_kit.search.models import SIDE_ROLES, ModelsConfig, ModelSpec, make_clients
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import MUTATION_KINDS, Proposal, ProposalContext, unified_diff
+from cuco_kit.source import markers, patch
 
 if TYPE_CHECKING:
     from cuco_kit.search.engine import SearchEngine  # for the annotation only: sources sit below the engine

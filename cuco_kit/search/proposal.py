@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from cuco_kit import patch
+from cuco_kit.source import patch
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from cuco_kit.llm.client import LLMClient
@@ -148,5 +148,5 @@ class ServesRoles(Protocol):
 
 
 def unified_diff(old: str, new: str) -> str:
-    """The one diff format every proposal carries (viewers show it): cuco_kit.patch's unified diff."""
+    """The one diff format every proposal carries (viewers show it): cuco_kit.source.patch's unified diff."""
     return patch.unified_diff(old, new, "parent", "candidate")

@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from cuco_kit import patch, prompts
+from cuco_kit import prompts
+from cuco_kit.source import patch
 
 PURPOSE_PATCH = "repair.patch"
 PURPOSE_BUILD = "repair.build"

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit import markers
 from cuco_kit.errors import BadInput
 from cuco_kit.search.population import LINEAGE_TAG
-from cuco_kit.source_file import read_source
+from cuco_kit.source import markers
+from cuco_kit.source.source_file import read_source
 from cuco_kit.store import Store, code_hash
 from cuco_kit.workload import Workload
 

@@ -50,7 +50,7 @@ from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.novelty import NoveltyConfig
 from cuco_kit.search.proposal import Proposal, unified_diff
 from cuco_kit.search.synthetic import write_synthetic_workload
-from cuco_kit.smoke import wait_for
+from cuco_kit.workbench.smoke import wait_for
 from cuco_kit.store import Store
 from cuco_kit.workbench import start_search
 from cuco_kit.widgets import LedgerView, ReasoningPanel, RunDashboard, TimelineView, banner

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers
 from cuco_kit.fastpath import NO_GPU, FastPath, FastPathConfig
 from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
+from cuco_kit.source import markers
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "fastpath"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import exercise as ex
 from cuco_kit.evaluate.device import gpu_present
-from cuco_kit.overlap import from_timeline
+from cuco_kit.evaluate.overlap import from_timeline
+from cuco_kit.workbench import exercise as ex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "exercise"))

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers
 from cuco_kit.evaluate.device import MULTICAST_OFF, gpu_present
 from cuco_kit.llm.fake_server import answer
 from cuco_kit.llm.scripted import ScriptedClient
@@ -21,6 +20,7 @@ from cuco_kit.search.budget import BudgetConfig
 from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.llm_source import LLMSource
+from cuco_kit.source import markers
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 

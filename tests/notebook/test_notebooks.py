@@ -28,7 +28,7 @@ CELL_TIMEOUT_S = 180  # one cell; the whole notebook is bounded by pytest's --ti
 TAG_ENV = "CUCO_NB_TEST_TAG"
 
 FINAL_CHECK = """\
-from cuco_kit import smoke as _smoke
+from cuco_kit.workbench import smoke as _smoke
 _left = _smoke.leftovers(wait_s=10)
 assert not _left, "the notebook left things running: " + "; ".join(_left)
 print("CUCO-NOTEBOOK-CLEAN")

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit.analysis import analyze, analyze_file
 from cuco_kit.cli import main
 from cuco_kit.commands import analyze as analyze_command
 from cuco_kit.errors import BadInput
+from cuco_kit.source.analysis import analyze, analyze_file
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "analysis"
 

@@ -12,7 +12,7 @@ import pytest
 from cuco_kit.evaluate import stats
 from cuco_kit.evaluate.api import RESULT_VERSION, EvalRequest, EvalResult
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
-from cuco_kit.report import claim, ratio_text
+from cuco_kit.workbench.report import claim, ratio_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

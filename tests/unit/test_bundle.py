@@ -8,10 +8,10 @@ import zipfile
 import pytest
 
 from cuco_kit import cli
-from cuco_kit.bundle import MANIFEST, BundleError, open_bundle, write_bundle
 from cuco_kit.evaluate.api import EvalResult
 from cuco_kit.store import Store
 from cuco_kit.widgets import BundlePanel
+from cuco_kit.workbench.bundle import MANIFEST, BundleError, open_bundle, write_bundle
 
 pytestmark = pytest.mark.unit
 

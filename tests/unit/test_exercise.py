@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import exercise as ex
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalResult
 from cuco_kit.widgets import ExerciseCell
+from cuco_kit.workbench import exercise as ex
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "exercise"))

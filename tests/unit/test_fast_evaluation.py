@@ -249,8 +249,8 @@ def test_the_checksum_sees_a_swap_of_two_words() -> None:
 
 def test_l0_runs_once_per_source_and_a_prebuild_skips_what_it_rejects(monkeypatch: pytest.MonkeyPatch,
                                                                      tmp_path: Path) -> None:
-    from cuco_kit import static_check
     from cuco_kit.evaluate import gpu_evaluator as G
+    from cuco_kit.source import static_check
 
     calls: list[str] = []
     monkeypatch.setattr(static_check, "check_candidate",

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers, static_check
 from cuco_kit.commands import fastpath as fastpath_command
 from cuco_kit.errors import CucoError
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
@@ -25,6 +24,7 @@ from cuco_kit.fastpath.sanitizer import parse_sanitizer
 from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer, rate_limit, server_error, slow, truncated
 from cuco_kit.prompts import nccl_api
+from cuco_kit.source import markers, static_check
 from cuco_kit.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers
 from cuco_kit.cli import main
 from cuco_kit.fastpath import FastPath, FastPathConfig
 from cuco_kit.llm import Completion
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
+from cuco_kit.source import markers
 
 SEED = Path(__file__).resolve().parents[1] / "data" / "cuco_style" / "allgather_scale_evolve.cu"
 

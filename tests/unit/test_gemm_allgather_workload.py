@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.rank.harness import rel_error
+from cuco_kit.source import markers, static_check
 from cuco_kit.workload import DTYPES
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "gemm_allgather"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.search import archive, design_space
+from cuco_kit.source import markers, static_check
 
 CODE = """// EVOLVE-BLOCK-START knobs
 constexpr int kThreads = 512;  // knob: range 128..1024 step 128

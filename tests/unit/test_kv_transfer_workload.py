@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cuco_kit import markers, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.build import supported_backends
 from cuco_kit.evaluate.rank.harness import rel_error
+from cuco_kit.source import markers, static_check
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_kernels" / "kv_transfer"
 TINY = {"L": 2, "S": 8, "D": 16, "KVD": 4, "PAGE": 0}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
-from cuco_kit.static_check import check_candidate
+from cuco_kit.source.static_check import check_candidate
 
 ROOT = Path(__file__).resolve().parents[2]
 CASES = json.loads((ROOT / "tests" / "data" / "llm_corpus" / "cases.json").read_text())["cases"]

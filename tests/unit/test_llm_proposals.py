@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers, patch
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.llm.client import LLMTruncated
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer, truncated
@@ -23,6 +22,7 @@ from cuco_kit.search.llm_source import LLMSource, apply_answer
 from cuco_kit.search.model_stats import ModelRole, model_roles, role_of, split_purpose
 from cuco_kit.search.models import ModelsConfig, ModelSpec
 from cuco_kit.search.synthetic import BASELINE, KNOB_SETS, write_synthetic_workload
+from cuco_kit.source import markers, patch
 from cuco_kit.store import Store
 
 MOE = Path(__file__).resolve().parents[2] / "sample_kernels" / "moe_dispatch_combine" / "device_lsa.cu"

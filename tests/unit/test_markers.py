@@ -1,4 +1,4 @@
-"""EVOLVE markers, the knob block and frozen hashing (cuco_kit.markers)."""
+"""EVOLVE markers, the knob block and frozen hashing (cuco_kit.source.markers)."""
 from __future__ import annotations
 
 import re
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers as B
 from cuco_kit.errors import BadInput
+from cuco_kit.source import markers as B
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "l0"
 PARENT = (DATA / "parent.cu").read_text()

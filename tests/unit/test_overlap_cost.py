@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cuco_kit import overlap
 from cuco_kit.errors import BadInput
+from cuco_kit.evaluate import overlap
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.search.config import SearchConfig

@@ -1,12 +1,12 @@
-"""SEARCH/REPLACE edits, full rewrites, code-fence extraction and diff data (cuco_kit.patch)."""
+"""SEARCH/REPLACE edits, full rewrites, code-fence extraction and diff data (cuco_kit.source.patch)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers, static_check
-from cuco_kit.patch import (
+from cuco_kit.source import markers, static_check
+from cuco_kit.source.patch import (
     DiffRow,
     Edit,
     PatchError,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers
 from cuco_kit.cli import main
 from cuco_kit.commands import search as search_command
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
@@ -19,6 +18,7 @@ from cuco_kit.search.design_space import DesignSpaceConfig, DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.proposal import Proposal, ProposalContext
 from cuco_kit.search.synthetic import write_synthetic_workload
+from cuco_kit.source import markers
 from cuco_kit.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]

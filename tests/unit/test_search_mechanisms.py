@@ -8,7 +8,6 @@ from collections import Counter
 
 import pytest
 
-from cuco_kit import markers
 from cuco_kit.errors import BadInput
 from cuco_kit.search import islands
 from cuco_kit.search.archive import Archive, cell_of
@@ -25,6 +24,7 @@ from cuco_kit.search.selection import (
     weighted_probabilities,
 )
 from cuco_kit.search.synthetic import BASELINE
+from cuco_kit.source import markers
 
 
 def _prog(pid: int, fitness: float | None, island: int = 0, parent: int | None = None, source: str = "design_space",

@@ -6,7 +6,6 @@ import itertools
 import random
 from pathlib import Path
 
-from cuco_kit import markers, static_check
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.events import EventBus
 from cuco_kit.search.budget import BudgetConfig
@@ -17,6 +16,7 @@ from cuco_kit.search.phases import PhaseConfig
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import ProposalContext
 from cuco_kit.search.synthetic import BASELINE, KNOB_SETS, write_synthetic_workload
+from cuco_kit.source import markers, static_check
 from cuco_kit.store import Store
 
 SPACE = 1

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers, patch, static_check
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.replay import MISS_REASON, ReplayEvaluator
@@ -18,6 +17,7 @@ from cuco_kit.search.phases import PhaseConfig
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.proposal import ProposalContext
 from cuco_kit.search.synthetic import BASELINE, KNOB_SETS, write_synthetic_workload
+from cuco_kit.source import markers, patch, static_check
 from cuco_kit.store import Store
 
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from cuco_kit import smoke
 from cuco_kit.llm.fake_server import answer
 from cuco_kit.store import Store
+from cuco_kit.workbench import smoke
 
 
 @pytest.mark.parametrize("smoke_env,browser_env,enabled,auto", [

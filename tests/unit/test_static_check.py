@@ -1,4 +1,5 @@
-"""Every L0 acceptance and rejection: frozen bytes, knob sets, the host-code whitelist (cuco_kit.static_check)."""
+"""Every L0 acceptance and rejection: frozen bytes, knob sets, the host-code whitelist
+(cuco_kit.source.static_check)."""
 from __future__ import annotations
 
 import re
@@ -6,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import markers
-from cuco_kit import static_check as S
 from cuco_kit.errors import BadInput
+from cuco_kit.source import markers
+from cuco_kit.source import static_check as S
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "l0"
 PARENT = (DATA / "parent.cu").read_text()

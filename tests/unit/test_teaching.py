@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import teaching
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate import manifest
+from cuco_kit.workbench import teaching
 
 
 def test_overlap_bound_is_at_most_two_and_grows_with_chunks():

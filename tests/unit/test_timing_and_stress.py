@@ -18,9 +18,9 @@ from cuco_kit.evaluate.phase_clock import PhaseClock
 from cuco_kit.evaluate.rank import harness
 from cuco_kit.evaluate.rank.harness import NO_HOLD_NOTE, _Evaluation
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
-from cuco_kit.report import run_frame
 from cuco_kit.store import Store
 from cuco_kit.widgets.plots import _hover
+from cuco_kit.workbench.report import run_frame
 from cuco_kit.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from cuco_kit import smoke
 from cuco_kit import workbench as wb
-from cuco_kit.badges import label
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.replay import ReplayEvaluator
 from cuco_kit.evaluate.simulated import SimulatedEvaluator
 from cuco_kit.fastpath import FastPath
 from cuco_kit.llm import fixtures
-from cuco_kit.report import run_badge
+from cuco_kit.workbench import smoke
+from cuco_kit.workbench.badges import label
+from cuco_kit.workbench.report import run_badge
 
 
 @pytest.fixture()

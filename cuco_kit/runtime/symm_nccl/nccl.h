@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * nccl.h (symm) — NCCL's host API for the `symm` backend: collectives and send/recv through the ranks' shared
  * memory, stream-ordered like NCCL's. The counterpart of lsa_compat.h, which serves the device API.

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuco_kit import smoke
-from cuco_kit.badges import label
 from cuco_kit.errors import BadInput, CucoError
 from cuco_kit.evaluate.api import EvalRequest, Evaluator, HasRecordings, checked_against, close_evaluator
 from cuco_kit.evaluate.device import describe_gpus
@@ -37,6 +35,8 @@ from cuco_kit.search.gate import GateMode, gate_mode
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.start_point import StartPoint
 from cuco_kit.store import ProgramRow, Store
+from cuco_kit.workbench import smoke
+from cuco_kit.workbench.badges import label
 from cuco_kit.workload import load_workload
 
 EVALUATOR_ENV = "CUCO_EVALUATOR"  # force "gpu", "replay" or "simulated"
@@ -66,7 +66,7 @@ def repo_root() -> Path:
     candidates: list[Path] = []
     if os.environ.get(ROOT_ENV):
         candidates.append(Path(os.environ[ROOT_ENV]).expanduser())
-    candidates.append(Path(__file__).resolve().parents[1])
+    candidates.append(Path(__file__).resolve().parents[2])
     cwd = Path.cwd().resolve()
     candidates += [cwd, *cwd.parents]
     for c in candidates:
@@ -380,7 +380,7 @@ class Winner:
 def what_won(store: Store, run_id: int) -> Winner:
     import pandas as pd
 
-    from cuco_kit.report import run_badge, run_frame  # imports pandas
+    from cuco_kit.workbench.report import run_badge, run_frame  # imports pandas
 
     df = run_frame(store, run_id)
     badge, detail = run_badge(store, run_id)

@@ -4,7 +4,7 @@
 whose knobs are outside the knob block, outside their allowed sets or re-declared with another set than the
 parent's, or whose host code inside blocks calls something outside the allow-list (found with tree-sitter; see
 `HOST_CALL_ALLOW` and `HOST_CALL_DENY`). Code outside blocks is not checked: it is byte-identical to the
-parent's, which a person accepted. The marker contract itself (blocks, knobs, frozen hash) is `cuco_kit.markers`.
+parent's, which a person accepted. The marker contract itself (blocks, knobs, frozen hash) is `cuco_kit.source.markers`.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit import cuda_parse
 from cuco_kit.errors import BadInput
-from cuco_kit.markers import (
+from cuco_kit.source import cuda_parse
+from cuco_kit.source.markers import (
     MARKER_VERSION,
     Block,
     Knob,
@@ -29,7 +29,7 @@ from cuco_kit.markers import (
     frozen_lines,
     scan_knobs,
 )
-from cuco_kit.source_file import read_source
+from cuco_kit.source.source_file import read_source
 
 _INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*(include|include_next|import)\b")
 
@@ -245,7 +245,8 @@ def whitelist_problems(code: str, blks: list[Block], extra_allow: Iterable[str] 
             report(call.line, call.name.split("::")[-1], f"{category} call {call.name!r} {where} is not allowed")
         elif not _call_allowed(call.name, defined, extra):
             report(call.line, call.name, f"unknown host call {call.name!r} {where}: not on the L0 allow-list (a "
-                                         "person may add it to cuco_kit.static_check.HOST_CALL_ALLOW if it is safe)")
+                                         "person may add it to cuco_kit.source.static_check.HOST_CALL_ALLOW if it "
+                                         "is safe)")
 
     for node in cuda_parse.walk(tree.root_node):
         line = node.start_point.row + 1

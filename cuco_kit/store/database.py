@@ -1,453 +1,53 @@
-"""The run database: one SQLite file (WAL) per search holding runs, program lineage, proposals and decisions,
-evaluations, the LLM ledger and per-run key/value metadata.
-
-A run resumes from this file, so every write is its own committed transaction: once a method returns, the row
-survives a killed process ("complete" means committed). Evaluations still ``in_flight`` after a kill are found
-by :meth:`Store.mark_interrupted`, marked ``interrupted`` and re-run by the caller.
-
-Schema versions
-    ``SCHEMA_VERSION`` is the version this code writes. The ``schema_version`` table holds one row per applied
-    migration (``version``, ``applied_at``); the file's version is the largest. ``MIGRATIONS[i]`` turns version
-    ``i`` into ``i + 1``, each in one transaction, so a file is never left half-migrated. Version 0 is either an
-    empty file or the prototype's unversioned layout (``V0_LAYOUT``: runs, programs, evaluations with the result
-    as one JSON blob, no ``schema_version`` table). A file newer than this code is refused, never touched.
-
-Enumerations (run state, program source, badge, proposal status, evaluation status) are checked here in Python,
-not with SQL CHECK constraints, so a later version can add a value without rebuilding a table.
-
-Provenance (table ``evaluations``)
-    ``provenance`` keeps the evaluator's dict as JSON, unchanged. Its well-known keys are copied into their own
-    columns so they can be filtered and grouped in SQL: ``gpu`` (TEXT, e.g. "NVIDIA H200"), ``driver`` (TEXT),
-    ``cuda`` (TEXT), ``nccl`` (TEXT), ``mps`` (INTEGER 0/1, NULL = unknown), ``git_rev`` (TEXT, from the
-    provenance key ``git``; ``git_rev`` / ``git_revision`` are accepted too) and ``badge`` (TEXT: real, replayed,
-    simulated or unmeasured; the result's badge wins over the one given at start). Per-rank timings are
-    ``per_rank_median_ms`` and ``iteration_ms`` (JSON lists); ``logs`` is a JSON dict of log tails; ``result``
-    keeps the whole ``EvalResult.to_dict()`` so fields added later are not lost.
-
-Refused files: an existing file is inspected before any connection can change it (a writable connection switches
-it to WAL at once): one that is not SQLite, holds foreign tables, has a newer schema or -- opened for writing --
-fails SQLite's quick_check is refused with one line and left as it was, byte for byte, with no -wal or -shm file
-next to it. A statement that meets a damaged page later raises :class:`StoreError` (one line), not SQLite's error.
-
-One owner: a search drives its runs as the database's owner (:meth:`Store.acquire_owner`): an OS file lock
-(flock) on ``<real path>.lock``, next to the file the path leads to (symlinks resolved), so every path to one
-file -- a symlink, a relative path, another mount of the folder -- meets the same lock. The lock file names the
-owner's pid and host for the refusal a second search gets, and is removed when the owner lets go. The kernel drops
-the lock when the owner dies, even by kill -9, so a resume is never blocked by a dead owner (its file, left
-behind, is taken over). Read-only Stores (dashboards, reports) need no lock and may look while the owner writes.
-
-One name: SQLite keeps its journal (``-wal``, ``-shm``) beside the name a file was opened by, so two writers
-through two hard links of one file write two journals and corrupt it. A file with more than one hard link is
-refused for writing, with one line, before any connection opens it.
-
-Threads: one connection guarded by a re-entrant lock, so one writer thread and any number of reader threads may
-share a ``Store``; :meth:`Store.transaction` groups writes into one commit. Other processes (a CLI looking at a
-running search) open their own ``Store``; WAL lets them read while the search writes.
-"""
+"""The ``Store``: every read and write of the run database, each its own committed transaction."""
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
-from cuco_kit.errors import BadInput, CucoError
-
-SCHEMA_VERSION = 1
-
-RUN_STATES = ("running", "paused", "stopped", "finished")
-PROGRAM_SOURCES = ("seed", "baseline", "llm_diff", "llm_full", "llm_crossover", "design_space", "human",
-                   "fastpath")
-BADGES = ("real", "replayed", "simulated", "unmeasured")
-PROPOSAL_STATUSES = ("pending", "approved", "rejected", "edited")
-DECISIONS = ("approved", "rejected", "edited")
-EVALUATION_STATUSES = ("in_flight", "done", "interrupted")
-
-# Result fields with a column of their own; the rest of EvalResult.to_dict() lives in the `result` JSON copy.
-_RESULT_SCALARS = ("level_reached", "verdict", "reason", "median_ms", "spread_ms", "seed_median_ms", "speedup",
-                   "max_rel_err")
-_RESULT_JSON = ("iteration_ms", "per_rank_median_ms", "logs", "provenance")
-
-
-# ---- rows as the read methods return them (JSON columns decoded) ------------------------------------------------
-
-class RunRow(TypedDict):
-    id: int
-    workload: str
-    config: dict[str, Any]
-    seed: int
-    badge: str
-    state: str
-    created_at: float
-    updated_at: float
-
-
-class ProgramRow(TypedDict):
-    id: int
-    run_id: int
-    parent_id: int | None
-    second_parent_id: int | None
-    source: str
-    name: str
-    rationale: str
-    code: str
-    code_hash: str
-    tags: list[str]
-    knobs: dict[str, str]
-    cell: str | None
-    island: int
-    generation: int
-    created_at: float
-
-
-class ProposalRow(TypedDict):
-    id: int
-    run_id: int
-    parent_id: int | None
-    second_parent_id: int | None
-    source: str
-    name: str
-    rationale: str
-    diff: str
-    code: str
-    original_code: str | None
-    tags: list[str]
-    status: str
-    decided_by: str | None
-    decided_at: float | None
-    note: str
-    program_id: int | None
-    created_at: float
-
-
-class DecisionRow(TypedDict):
-    id: int
-    proposal_id: int
-    decision: str
-    decided_by: str
-    note: str
-    created_at: float
-
-
-class EvaluationRow(TypedDict):
-    id: int
-    program_id: int
-    run_id: int
-    status: str
-    world_size: int
-    backend: str
-    badge: str
-    request: dict[str, Any]
-    level_reached: str | None
-    verdict: str | None
-    reason: str | None
-    median_ms: float | None
-    spread_ms: float | None
-    seed_median_ms: float | None
-    speedup: float | None
-    max_rel_err: float | None
-    flagged: bool
-    iteration_ms: list[Any] | None
-    per_rank_median_ms: list[float] | None
-    logs: dict[str, str] | None
-    provenance: dict[str, Any] | None
-    gpu: str | None
-    driver: str | None
-    cuda: str | None
-    nccl: str | None
-    mps: bool | None
-    git_rev: str | None
-    result: dict[str, Any] | None
-    started_at: float
-    finished_at: float | None
-
-
-class BestRow(EvaluationRow):
-    """The best evaluation plus its program, and that program's code and name for convenience."""
-
-    program: ProgramRow
-    code: str
-    name: str
-
-
-class LLMCallRow(TypedDict):
-    id: int
-    run_id: int | None
-    model: str
-    purpose: str
-    prompt_tokens: int
-    completion_tokens: int
-    latency_s: float
-    dollars: float | None
-    ok: bool
-    error: str
-    request_hash: str
-    created_at: float
-
-
-class StoreError(CucoError):
-    """The database file cannot be used as it is (not SQLite, newer schema, read-only, foreign layout)."""
-
-
-class NotFound(CucoError):
-    """A run, program, proposal or evaluation id that is not in the store."""
-
-
-# The prototype's unversioned layout. Kept so the 0 -> 1 migration has something real to be tested against.
-V0_LAYOUT = """
-CREATE TABLE runs (id INTEGER PRIMARY KEY, workload TEXT NOT NULL, config TEXT NOT NULL,
-                   created_at REAL NOT NULL);
-CREATE TABLE programs (id INTEGER PRIMARY KEY, run_id INTEGER NOT NULL, parent_id INTEGER, code TEXT NOT NULL,
-                       source TEXT NOT NULL, created_at REAL NOT NULL);
-CREATE TABLE evaluations (id INTEGER PRIMARY KEY, program_id INTEGER NOT NULL, result TEXT,
-                          created_at REAL NOT NULL);
-"""
-_V0_TABLES = ("runs", "programs", "evaluations")
-
-_V1_LAYOUT = """
-CREATE TABLE runs (
-    id INTEGER PRIMARY KEY,
-    workload TEXT NOT NULL,
-    config TEXT NOT NULL,              -- JSON
-    seed INTEGER NOT NULL DEFAULT 0,
-    badge TEXT NOT NULL DEFAULT 'real',
-    state TEXT NOT NULL DEFAULT 'running',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE programs (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    parent_id INTEGER REFERENCES programs(id),
-    second_parent_id INTEGER REFERENCES programs(id),
-    source TEXT NOT NULL,
-    name TEXT NOT NULL DEFAULT '',
-    rationale TEXT NOT NULL DEFAULT '',
-    code TEXT NOT NULL,
-    code_hash TEXT NOT NULL,           -- sha256 hex of the UTF-8 code
-    tags TEXT NOT NULL DEFAULT '[]',   -- JSON list
-    knobs TEXT NOT NULL DEFAULT '{}',  -- JSON dict name -> value (strings, as in the knob block)
-    cell TEXT,                         -- design-space cell key
-    island INTEGER NOT NULL DEFAULT 0,
-    generation INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL
-);
-CREATE INDEX programs_by_run ON programs(run_id, id);
-CREATE INDEX programs_by_hash ON programs(run_id, code_hash);
-CREATE INDEX programs_by_parent ON programs(parent_id);
-CREATE TABLE proposals (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    parent_id INTEGER REFERENCES programs(id),
-    second_parent_id INTEGER REFERENCES programs(id),
-    source TEXT NOT NULL,
-    name TEXT NOT NULL,
-    rationale TEXT NOT NULL,
-    diff TEXT NOT NULL,
-    code TEXT NOT NULL,                -- replaced by the human's code on an 'edited' decision
-    original_code TEXT,                -- the proposed code, kept when an edit replaced it
-    tags TEXT NOT NULL DEFAULT '[]',
-    status TEXT NOT NULL DEFAULT 'pending',
-    decided_by TEXT,
-    decided_at REAL,
-    note TEXT NOT NULL DEFAULT '',
-    program_id INTEGER REFERENCES programs(id),
-    created_at REAL NOT NULL
-);
-CREATE INDEX proposals_by_run ON proposals(run_id, status, id);
-CREATE TABLE decisions (             -- audit trail: one row per decide() call
-    id INTEGER PRIMARY KEY,
-    proposal_id INTEGER NOT NULL REFERENCES proposals(id),
-    decision TEXT NOT NULL,
-    decided_by TEXT NOT NULL,
-    note TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL
-);
-CREATE INDEX decisions_by_proposal ON decisions(proposal_id);
-CREATE TABLE evaluations (
-    id INTEGER PRIMARY KEY,
-    program_id INTEGER NOT NULL REFERENCES programs(id),
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    status TEXT NOT NULL DEFAULT 'in_flight',
-    world_size INTEGER NOT NULL,
-    backend TEXT NOT NULL,
-    badge TEXT NOT NULL,
-    request TEXT NOT NULL,             -- JSON of the EvalRequest
-    level_reached TEXT,
-    verdict TEXT,
-    reason TEXT,
-    median_ms REAL,
-    spread_ms REAL,
-    seed_median_ms REAL,
-    speedup REAL,
-    max_rel_err REAL,
-    flagged INTEGER NOT NULL DEFAULT 0,
-    iteration_ms TEXT,                 -- JSON list
-    per_rank_median_ms TEXT,           -- JSON list
-    logs TEXT,                         -- JSON dict
-    provenance TEXT,                   -- JSON dict, as the evaluator gave it
-    gpu TEXT, driver TEXT, cuda TEXT, nccl TEXT, mps INTEGER, git_rev TEXT,
-    result TEXT,                       -- JSON of the whole EvalResult.to_dict()
-    started_at REAL NOT NULL,
-    finished_at REAL
-);
-CREATE INDEX evaluations_by_program ON evaluations(program_id, id);
-CREATE INDEX evaluations_by_run ON evaluations(run_id, status);
-CREATE INDEX evaluations_best ON evaluations(run_id, verdict, median_ms);
-CREATE TABLE llm_calls (
-    id INTEGER PRIMARY KEY,
-    run_id INTEGER REFERENCES runs(id),
-    model TEXT NOT NULL,
-    purpose TEXT NOT NULL,
-    prompt_tokens INTEGER NOT NULL,
-    completion_tokens INTEGER NOT NULL,
-    latency_s REAL NOT NULL,
-    dollars REAL,                      -- NULL: price unknown
-    ok INTEGER NOT NULL,
-    error TEXT NOT NULL DEFAULT '',
-    request_hash TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL
-);
-CREATE INDEX llm_calls_by_run ON llm_calls(run_id);
-CREATE TABLE meta (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
-    key TEXT NOT NULL,
-    value TEXT NOT NULL,               -- JSON
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (run_id, key)
-);
-"""
-
-
-def code_hash(code: str) -> str:
-    """The sha256 hex digest stored as ``programs.code_hash``."""
-    return hashlib.sha256(code.encode("utf-8")).hexdigest()
-
-
-def _tables(conn: sqlite3.Connection) -> set[str]:
-    rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-    return {r[0] for r in rows}
-
-
-def _loads_lenient(text: str | None, default: Any) -> Any:
-    """Legacy JSON that does not parse is kept, wrapped, rather than lost."""
-    if text is None:
-        return default
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"_raw": text}
-
-
-def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
-    legacy = _tables(conn) & set(_V0_TABLES)
-    # Rows are copied in id order and a parent may point anywhere: check references once, at COMMIT.
-    conn.execute("PRAGMA defer_foreign_keys = ON")
-    if legacy:
-        for t in legacy:
-            conn.execute(f"ALTER TABLE {t} RENAME TO _v0_{t}")
-    for stmt in _split_sql(_V1_LAYOUT):
-        conn.execute(stmt)
-    if not legacy:
-        return
-    # Copied in Python, not SQL: the code hash and the result's fields need parsing SQLite cannot do.
-    program_run: dict[int, int] = {}
-    if "runs" in legacy:
-        for rid, workload, config, created in conn.execute(
-                "SELECT id, workload, config, created_at FROM _v0_runs ORDER BY id").fetchall():
-            cfg = _loads_lenient(config, {})
-            conn.execute("INSERT INTO runs (id, workload, config, seed, badge, state, created_at, updated_at) "
-                         "VALUES (?, ?, ?, 0, 'real', 'stopped', ?, ?)",
-                         (rid, workload, json.dumps(cfg), created, created))
-    if "programs" in legacy:
-        for pid, rid, parent, code, source, created in conn.execute(
-                "SELECT id, run_id, parent_id, code, source, created_at FROM _v0_programs ORDER BY id").fetchall():
-            program_run[pid] = rid
-            conn.execute("INSERT INTO programs (id, run_id, parent_id, source, code, code_hash, created_at) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?)", (pid, rid, parent, source, code, code_hash(code), created))
-    if "evaluations" in legacy:
-        for eid, pid, result, created in conn.execute(
-                "SELECT id, program_id, result, created_at FROM _v0_evaluations ORDER BY id").fetchall():
-            try:
-                res = None if result is None else json.loads(result)
-            except ValueError:
-                res = {"_raw": result}
-            # A v0 row without a (readable) result was in flight when its process died.
-            status = "done" if isinstance(res, dict) and "verdict" in res else "interrupted"
-            res = res if isinstance(res, dict) else {}
-            prov = res["provenance"] if isinstance(res.get("provenance"), dict) else {}
-            badge = res.get("badge") if res.get("badge") in BADGES else "real"
-            try:
-                world = int(prov.get("world") or 1)
-            except (TypeError, ValueError):
-                world = 1
-            conn.execute("INSERT INTO evaluations (id, program_id, run_id, status, world_size, backend, badge, "
-                         "request, result, started_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, '{}', ?, ?, ?)",
-                         (eid, pid, program_run.get(pid), status, world, str(prov.get("backend", "")), badge,
-                          json.dumps(res) if res else None, created, created if status == "done" else None))
-            if status == "done":
-                _write_result(conn, eid, dict(res, provenance=prov, badge=badge), created)
-    for t in legacy:
-        conn.execute(f"DROP TABLE _v0_{t}")
-
-
-def _split_sql(script: str) -> list[str]:
-    # conn.executescript() commits first, which would break the one-transaction-per-migration guarantee.
-    out, buf = [], []
-    for line in script.splitlines():
-        line = line.split("--", 1)[0]
-        buf.append(line)
-        if line.rstrip().endswith(";"):
-            stmt = "\n".join(buf).strip()
-            if stmt.rstrip(";").strip():
-                out.append(stmt)
-            buf = []
-    return out
-
-
-# MIGRATIONS[i] turns schema version i into i + 1; append, never edit a released one.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1]
-assert len(MIGRATIONS) == SCHEMA_VERSION
-
-
-def _provenance_columns(prov: Mapping[str, Any]) -> dict[str, Any]:
-    def text(*keys: str) -> str | None:
-        for k in keys:
-            if prov.get(k) is not None:
-                return str(prov[k])
-        return None
-
-    mps = prov.get("mps")
-    if isinstance(mps, str):
-        mps = {"on": True, "true": True, "1": True, "yes": True,
-               "off": False, "false": False, "0": False, "no": False}.get(mps.strip().lower())
-    return {"gpu": text("gpu"), "driver": text("driver"), "cuda": text("cuda"), "nccl": text("nccl"),
-            "mps": None if mps is None else int(bool(mps)), "git_rev": text("git", "git_rev", "git_revision")}
-
-
-def _write_result(conn: sqlite3.Connection, evaluation_id: int, result: Mapping[str, Any], now: float) -> None:
-    prov = result.get("provenance") or {}
-    if not isinstance(prov, Mapping):
-        raise BadInput(f"evaluation {evaluation_id}: result['provenance'] must be a dict, got {type(prov).__name__}")
-    cols: dict[str, Any] = {k: result.get(k) for k in _RESULT_SCALARS}
-    cols.update({k: (None if result.get(k) is None else json.dumps(result.get(k))) for k in _RESULT_JSON})
-    cols["flagged"] = int(bool(result.get("flagged", False)))
-    cols.update(_provenance_columns(prov))
-    cols["result"] = json.dumps(dict(result))
-    cols["status"] = "done"
-    cols["finished_at"] = now
-    if result.get("badge") is not None:
-        cols["badge"] = result["badge"]
-    sets = ", ".join(f"{k} = ?" for k in cols)
-    conn.execute(f"UPDATE evaluations SET {sets} WHERE id = ?", (*cols.values(), evaluation_id))
+from cuco_kit.errors import BadInput
+from cuco_kit.store.errors import NotFound, StoreError
+from cuco_kit.store.files import (
+    file_version,
+    inspect_file,
+    newer_error,
+    owner_lock_path,
+    owner_of,
+    refuse_hard_links,
+    same_file,
+    switch_to_wal,
+)
+from cuco_kit.store.rows import (
+    BADGES,
+    DECISIONS,
+    PROGRAM_SOURCES,
+    PROPOSAL_STATUSES,
+    RUN_STATES,
+    BestRow,
+    DecisionRow,
+    EvaluationRow,
+    LLMCallRow,
+    ProgramRow,
+    ProposalRow,
+    RunRow,
+)
+from cuco_kit.store.schema import (
+    MIGRATIONS,
+    RESULT_JSON,
+    SCHEMA_VERSION,
+    code_hash,
+    loads_lenient,
+    table_names,
+    write_result,
+)
 
 
 def _check(value: Any, allowed: Sequence[str], what: str) -> None:
@@ -460,136 +60,6 @@ def _json(value: Any, what: str) -> str:
         return json.dumps(value, sort_keys=True)
     except (TypeError, ValueError) as e:
         raise BadInput(f"{what} must be JSON-serialisable (plain dicts, lists, str, numbers): {e}") from None
-
-
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-
-
-def _file_version(conn: sqlite3.Connection, path: str) -> int:
-    """The schema version of the file behind ``conn``; 0 for an empty file or the v0 layout."""
-    tables = _tables(conn)
-    if "schema_version" in tables:
-        row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        return int(row[0] or 0)
-    if tables and not tables & set(_V0_TABLES):
-        raise StoreError(f"store {path} holds tables {sorted(tables)} but none of a cuco store; "
-                         "point --db at a new file or a cuco database")
-    return 0
-
-
-def _newer(path: str, version: int) -> StoreError:
-    return StoreError(f"store {path} has schema v{version}, newer than this cuco_kit (v{SCHEMA_VERSION}); "
-                      "upgrade cuco_kit to open it")
-
-
-def _read_version(path: Path, *, immutable: bool, pages: bool) -> int:
-    # immutable=1 reads the main file alone and creates nothing (mode=ro on a WAL file would leave -wal and -shm
-    # files behind); it is only right while no connection has the file open, i.e. while it has no -wal file.
-    uri = path.resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
-    conn = sqlite3.connect(uri, uri=True, timeout=30.0)
-    try:
-        version = _file_version(conn, str(path))
-        if version > SCHEMA_VERSION:
-            raise _newer(str(path), version)
-        if pages:
-            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check")]
-            if problems != ["ok"]:
-                raise StoreError(f"store {path} is damaged (SQLite's check: {problems[0]}"
-                                 f"{f' and {len(problems) - 1} more' if len(problems) > 1 else ''}); restore it "
-                                 "from a copy, or point --db at a new file")
-        return version
-    finally:
-        conn.close()
-
-
-def _inspect(path: Path, *, pages: bool) -> None:
-    """Refuse an existing file this code must not open -- not SQLite, a foreign layout, a newer schema, damaged
-    pages (``pages``: PRAGMA quick_check) -- before anything touches it: a refused file keeps its bytes and mtime,
-    and no -wal or -shm file is left next to it."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(len(_SQLITE_MAGIC))
-    except OSError as e:
-        raise StoreError(f"store {path} cannot be read ({e.strerror}); point --db at a readable file") from None
-    if not head:
-        return  # an empty file is a new store
-    if head != _SQLITE_MAGIC:
-        raise StoreError(f"store {path} cannot be opened as SQLite (it is not a SQLite file); "
-                         "is it a cuco database?")
-    wal = Path(f"{os.path.realpath(path)}-wal")  # SQLite keeps it beside the file a symlink leads to
-    try:
-        try:
-            _read_version(path, immutable=not wal.exists(), pages=pages)
-        except sqlite3.DatabaseError:
-            if not wal.exists():
-                raise
-            # A writer opened it while the main file was read alone: read it again, through its WAL.
-            _read_version(path, immutable=False, pages=pages)
-    except sqlite3.DatabaseError as e:
-        raise StoreError(f"store {path} cannot be opened as SQLite ({e}); if it is a damaged cuco database, "
-                         "restore it from a copy, or point --db at a new file") from None
-
-
-def _switch_to_wal(conn: sqlite3.Connection, *, wait_s: float = 30.0) -> None:
-    """Put the file in WAL mode. SQLite answers "database is locked" at once, without its busy handler, when
-    another connection is switching the same fresh file at that moment; so wait for it here, as a busy
-    timeout would."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as e:
-            if "locked" not in str(e) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.01)
-
-
-def owner_lock_path(path: str | Path) -> Path:
-    """The owner lock of the database at ``path``: ``<real path>.lock``, the same file for every path that leads
-    to the database (symlinks resolved; through another mount of its folder it is the same folder)."""
-    return Path(f"{os.path.realpath(path)}.lock")
-
-
-def _refuse_hard_links(path: Path) -> None:
-    """StoreError unless ``path`` is the file's only name: SQLite keeps a journal beside each name, so writers
-    through two names of one file write two journals and corrupt it."""
-    try:
-        links = os.stat(path).st_nlink
-    except OSError as e:
-        raise StoreError(f"store {path} cannot be read ({e.strerror}); point --db at a readable file") from None
-    if links > 1:
-        raise StoreError(f"store {path} is one of {links} names (hard links) of one file; SQLite keeps a journal "
-                         "beside each name, so writing through two names corrupts it: keep one name (remove the "
-                         "other links, or copy the file) and open that")
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``fd`` is the file at ``path`` now (not one removed since it was opened)."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return False
-    own = os.fstat(fd)
-    return (own.st_dev, own.st_ino) == (st.st_dev, st.st_ino)
-
-
-def _owner_of(lock: Path, path: str) -> str:
-    """The one-line refusal naming the process that owns ``path`` (from its lock file)."""
-    try:
-        info = json.loads(lock.read_text(encoding="utf-8") or "{}")
-    except (OSError, ValueError):
-        info = {}
-    pid, host, what = info.get("pid", "unknown"), info.get("host", "unknown"), info.get("what", "search")
-    who = (f"another {what} in this process (pid {pid})" if pid == os.getpid() and host == socket.gethostname()
-           else f"pid {pid} on host {host}, running a {what}")
-    since = info.get("since")
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
-    owner_path = info.get("path")
-    via = (f" (opened as {owner_path})" if isinstance(owner_path, str) and owner_path != os.path.abspath(path)
-           else "")
-    return (f"store {path} is in use{via} by {who} since {when}; one search at a time per database: wait for it to "
-            "end or stop it, or look at it read-only (Store(path, readonly=True), or a notebook dashboard)")
 
 
 class Store:
@@ -612,9 +82,9 @@ class Store:
                 raise BadInput(f"folder {p.parent} for store {self.path} does not exist; create it first")
             if p.is_file():
                 if not readonly:
-                    _refuse_hard_links(p)
+                    refuse_hard_links(p)
                 # Before any connection: switching a refused file to WAL would already have changed it.
-                _inspect(p, pages=not readonly)
+                inspect_file(p, pages=not readonly)
         try:
             if readonly:
                 uri = Path(self.path).resolve().as_uri() + "?mode=ro"
@@ -628,7 +98,7 @@ class Store:
             if not readonly:
                 # WAL: readers in other threads/processes never block on the writer. NORMAL sync in WAL keeps
                 # every commit across a killed process (what resume needs); only power loss can drop the tail.
-                _switch_to_wal(self._conn)
+                switch_to_wal(self._conn)
                 self._conn.execute("PRAGMA synchronous = NORMAL")
             self._open_schema()
         except sqlite3.DatabaseError as e:
@@ -645,9 +115,9 @@ class Store:
     # ---- schema -------------------------------------------------------------------------------------------
 
     def _open_schema(self) -> None:
-        version = _file_version(self._conn, self.path)
+        version = file_version(self._conn, self.path)
         if version > SCHEMA_VERSION:
-            raise _newer(self.path, version)
+            raise newer_error(self.path, version)
         if version == SCHEMA_VERSION:
             return
         if self.readonly:
@@ -657,12 +127,12 @@ class Store:
             # IMMEDIATE takes the write lock first, so two processes opening a fresh file migrate it once.
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                version = _file_version(self._conn, self.path)
+                version = file_version(self._conn, self.path)
                 if version >= SCHEMA_VERSION:
                     self._conn.execute("COMMIT")
                     return
                 MIGRATIONS[version](self._conn)
-                if "schema_version" not in _tables(self._conn):
+                if "schema_version" not in table_names(self._conn):
                     self._conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL, "
                                        "applied_at REAL NOT NULL)")
                 self._conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)",
@@ -680,7 +150,7 @@ class Store:
 
     def schema_version(self) -> int:
         with self._lock:
-            return _file_version(self._conn, self.path)
+            return file_version(self._conn, self.path)
 
     def journal_mode(self) -> str:
         with self._lock:
@@ -755,7 +225,7 @@ class Store:
             if self.path == ":memory:":
                 self._owner_fd = -1  # private to this Store: nobody else can write it
                 return
-            _refuse_hard_links(Path(self.path))  # a link made since this Store opened the file
+            refuse_hard_links(Path(self.path))  # a link made since this Store opened the file
             lock = self._lock_path()
             while True:
                 try:
@@ -765,7 +235,7 @@ class Store:
                                      "folder must be writable") from None
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    if _same_file(fd, lock):
+                    if same_file(fd, lock):
                         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
                                 "what": what, "path": os.path.abspath(self.path)}
                         os.ftruncate(fd, 0)
@@ -774,7 +244,7 @@ class Store:
                     os.close(fd)  # the owner before us removed it as we opened it: lock the one there now
                 except BlockingIOError:
                     os.close(fd)
-                    raise StoreError(_owner_of(lock, self.path)) from None
+                    raise StoreError(owner_of(lock, self.path)) from None
                 except OSError as e:
                     os.close(fd)
                     raise StoreError(f"store {self.path}: cannot lock {lock} ({e.strerror})") from None
@@ -953,7 +423,7 @@ class Store:
                 raise NotFound(f"no evaluation {evaluation_id} in store {self.path}")
             if row["status"] != "in_flight":
                 raise BadInput(f"evaluation {evaluation_id} is {row['status']}, not in_flight; start a new one")
-            _write_result(conn, evaluation_id, result, time.time())
+            write_result(conn, evaluation_id, result, time.time())
 
     def mark_interrupted(self, run_id: int) -> list[int]:
         """Mark the run's in-flight evaluations interrupted (after a kill) and return their ids to re-run."""
@@ -968,7 +438,7 @@ class Store:
     def _evaluation_dict(r: sqlite3.Row) -> EvaluationRow:
         d = dict(r)
         d["request"] = json.loads(d["request"])
-        for k in _RESULT_JSON:
+        for k in RESULT_JSON:
             d[k] = None if d[k] is None else json.loads(d[k])
         d["result"] = None if d["result"] is None else json.loads(d["result"])
         d["flagged"] = bool(d["flagged"])
@@ -995,7 +465,7 @@ class Store:
         For views that refresh often and need only these."""
         rows = self._rows("SELECT id, program_id, status, world_size, badge, verdict, level_reached, started_at, "
                           "finished_at, provenance FROM evaluations WHERE run_id = ? ORDER BY id", (run_id,))
-        return [{**dict(r), "provenance": _loads_lenient(r["provenance"], {})} for r in rows]
+        return [{**dict(r), "provenance": loads_lenient(r["provenance"], {})} for r in rows]
 
     def best(self, run_id: int, *, include_flagged: bool = False) -> BestRow | None:
         """The finished, passing evaluation with the lowest median_ms (ties: the earlier one), or None. Flagged

@@ -18,8 +18,8 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from cuco_kit import markers
 from cuco_kit.errors import CucoError
+from cuco_kit.source import markers
 
 _EDIT_RE = re.compile(
     r"^<{7}[ \t]*SEARCH[ \t]*\r?\n(?P<search>.*?)^={7}[ \t]*\r?\n(?P<replace>.*?)^>{7}[ \t]*REPLACE[ \t]*\r?$",

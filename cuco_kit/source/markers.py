@@ -8,7 +8,7 @@ named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed va
 written set ``{a, b, c}`` or an integer range (``range 64..1024 step 64``, ``pow2 1..16``), see docs/contracts.md.
 
 This module reads and rewrites that structure and nothing else; it needs no parser, so the search and the GPU
-image use it bare. What a candidate may do inside its blocks (the L0 policy) is `cuco_kit.static_check`.
+image use it bare. What a candidate may do inside its blocks (the L0 policy) is `cuco_kit.source.static_check`.
 """
 from __future__ import annotations
 

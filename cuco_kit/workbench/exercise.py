@@ -5,7 +5,7 @@ A learner's answer is the text of each gap. `fill` puts it into the exercise fil
 evaluation of the filled file into a grade:
 - correct: the evaluation passed L2 (fresh inputs each trial, with the stress build, the late rank and the
   interference kernel of the GPU evaluator's defaults);
-- overlapped: the overlap fraction of its kernel timeline (cuco_kit.overlap) reaches the pass mark.
+- overlapped: the overlap fraction of its kernel timeline (cuco_kit.evaluate.overlap) reaches the pass mark.
 The pass mark is set when the answers are recorded on a GPU (docs/review_panels.md): the midpoint between
 the fraction the reference answer reached and the fraction of a correct answer that waits for everything before
 any GEMM (it hides nothing), measured in the same session; `DEFAULT_MARK` stands in where no recording exists.
@@ -27,7 +27,7 @@ from typing import Any
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate.api import EvalRequest, EvalResult, Evaluator
 from cuco_kit.evaluate.gpu_evaluator import GpuEvaluator
-from cuco_kit.overlap import Overlap, from_timeline
+from cuco_kit.evaluate.overlap import Overlap, from_timeline
 from cuco_kit.workbench import repo_root
 from cuco_kit.workload import load_workload
 

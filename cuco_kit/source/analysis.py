@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cuco_kit.cuda_parse import (
+from cuco_kit.errors import BadInput
+from cuco_kit.source.cuda_parse import (
     Node,
     declarator_name,
     error_fraction,
@@ -34,7 +35,6 @@ from cuco_kit.cuda_parse import (
     parse,
     walk,
 )
-from cuco_kit.errors import BadInput
 
 # --- what the analyzer knows about the APIs ------------------------------------------------------------------
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pandas as pd
 
-from cuco_kit.badges import detail_of, label, shown_badge
 from cuco_kit.evaluate.api import timing_medians
+from cuco_kit.evaluate.overlap import overlap_text
 from cuco_kit.evaluate.stats import ratio_label
-from cuco_kit.markers import plain_knob
-from cuco_kit.overlap import overlap_text
 from cuco_kit.search.cost import gpu_seconds
+from cuco_kit.source.markers import plain_knob
 from cuco_kit.store import Store
+from cuco_kit.workbench.badges import detail_of, label, shown_badge
 
 COLUMNS = ["evaluation_id", "program_id", "parent_id", "second_parent_id", "source", "name", "generation",
            "island", "cell", "knobs", "status", "level_reached", "verdict", "reason", "median_ms", "spread_ms",
@@ -49,7 +49,7 @@ def run_frame(store: Store, run_id: int) -> pd.DataFrame:
             "world_size": e.get("world_size"), "backend": e.get("backend"), "gpu": prov.get("gpu"),
             "date": prov.get("date"), "timing": score, "device_ms": device_ms, "e2e_ms": e2e_ms,
             "oracle": (e.get("result") or {}).get("oracle"),
-            "overlap": overlap_text(e),  # cuco_kit.overlap: the fraction of the ideal, or why there is none
+            "overlap": overlap_text(e),  # cuco_kit.evaluate.overlap: the fraction of the ideal, or why there is none
             # cuco_kit.search.cost: its GPU seconds (time x ranks) once finished
             "gpu_s": gpu_seconds(e) if e.get("status") == "done" and e.get("finished_at") is not None else None,
         })
@@ -129,7 +129,7 @@ def failure_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def run_badge(store: Store, run_id: int) -> tuple[str, str]:
-    """(badge, detail) for a run, as cuco_kit.badges defines them: the run's badge ("real" read back from a
+    """(badge, detail) for a run, as cuco_kit.workbench.badges defines them: the run's badge ("real" read back from a
     read-only store, a recording or a finished run, is "replayed") and, when evaluations carry provenance,
     'GPU, date'."""
     run = store.run(run_id)

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cuco_kit import smoke
 from cuco_kit.evaluate.api import EvalRequest, EvalResult
 from cuco_kit.fastpath import FastPath, FastPathConfig
 from cuco_kit.importer.session import ImportSession
@@ -31,10 +30,11 @@ from cuco_kit.workbench import (
     new_search,
     run_db,
     simulated_evaluator,
+    smoke,
 )
 from cuco_kit.workload import load_workload
 
-EXAMPLES = Path(__file__).resolve().parent / "importer" / "examples"  # programs written for the tests
+EXAMPLES = Path(__file__).resolve().parents[1] / "importer" / "examples"  # programs written for the tests
 RESULT_FILE = "fastpath_result.cu"
 
 
