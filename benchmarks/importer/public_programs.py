@@ -87,7 +87,7 @@ class Row:
     builds: dict[str, str] = field(default_factory=dict)  # backend -> "ok" | "failed: LINE" | "skipped: WHY"
 
 
-# ---- the table's logic (tests/unit/test_public_programs_table.py) ------------------------------------------
+# ---- the table's logic (tests/unit/importer/test_public_programs_table.py) ------------------------------------------
 
 
 def todo_fields(plan: Any, prefix: str = "") -> list[str]:

@@ -24,7 +24,7 @@ platforms where it is the default) the node address stays 127.0.0.1, and every l
 on it: the GCS, the raylet (node and object manager), each worker's and the driver's core-worker server, the
 runtime-env agent and the autoscaler's metrics endpoint (the dashboard is not started). The switch is set for the
 cluster's life, in this process and in the processes it starts, and put back when it ends.
-tests/unit/test_ray_executor.py lists the listening sockets during a search on such a cluster.
+tests/unit/search/test_ray_executor.py lists the listening sockets during a search on such a cluster.
 """
 from __future__ import annotations
 

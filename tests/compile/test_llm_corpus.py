@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_llm_corpus import CASES, corpus_runner
+from tests.unit.llm.test_llm_corpus import CASES, corpus_runner
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c["name"] == "hallucinated_nccl"], ids=lambda c: c["name"])

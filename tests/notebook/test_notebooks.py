@@ -3,7 +3,7 @@
 Each notebook is copied into a temporary folder (JupyterLab may serve a copy too, so the notebooks must find the
 repository on their own) and executed by nbclient with the venv's python3 kernel. A final cell, appended here
 and not part of the committed notebook, asserts inside the kernel that no non-daemon or cuco-* thread, no fake
-LLM server and no child process is left (tests/unit/test_smoke.py shows that check is not vacuous). After the
+LLM server and no child process is left (tests/unit/workbench/test_smoke.py shows that check is not vacuous). After the
 kernel has shut down, this side scans /proc for any process still carrying the tag this test put in the
 kernel's environment (children inherit it, even when orphaned).
 """

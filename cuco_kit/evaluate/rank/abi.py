@@ -1,9 +1,9 @@
 """ctypes mirror of the frozen candidate ABI v1 (cuco_kit/runtime/cuco_abi.h) and of the runtime's wait control
 block (cuco_kit/runtime/cuco_waits.h, CUCO_WAITS_VERSION 1: the harness's side of the bounded waits).
 
-The layout must match the headers byte for byte: tests/unit/test_harness_cpu.py compiles a C program against the
-headers and compares sizeof/offsetof of every field with this module. Change the header, bump its version, change
-this file, in that order.
+The layout must match the headers byte for byte: tests/unit/evaluate/test_harness_cpu.py compiles a C program
+against the headers and compares sizeof/offsetof of every field with this module. Change the header, bump its
+version, change this file, in that order.
 """
 from __future__ import annotations
 

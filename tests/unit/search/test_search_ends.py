@@ -1,0 +1,104 @@
+"""A search ends on its own when it has nothing new to propose: an offline search of gemm_allgather's 72-point knob
+space with --generations 400 stops once every point is evaluated ("design space exhausted"), and a search whose
+LLM keeps bringing nothing new stops after `max_empty_generations` such generations; the counts a search takes
+have upper bounds."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cuco_kit.cli import main
+from cuco_kit.commands import search as search_command
+from cuco_kit.evaluate.simulated import SimulatedEvaluator
+from cuco_kit.search.budget import BudgetConfig
+from cuco_kit.search.config import SearchConfig
+from cuco_kit.search.design_space import DesignSpaceConfig, DesignSpaceSource
+from cuco_kit.search.engine import SearchEngine
+from cuco_kit.search.proposal import Proposal, ProposalContext
+from cuco_kit.search.synthetic import write_synthetic_workload
+from cuco_kit.source import markers
+from cuco_kit.store import Store
+
+ROOT = Path(__file__).resolve().parents[3]
+GEMM = ROOT / "sample_kernels" / "gemm_allgather"
+
+
+def test_an_offline_search_of_72_points_ends_with_design_space_exhausted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through `cuco search` (in this process), with the random sampler to keep it short: which sampler asks
+    does not matter to the end, since the source walks the untried points itself when its sampler has none."""
+    space = markers.space_size((GEMM / "device_lsa.cu").read_text())
+    assert space == 72
+    monkeypatch.setattr(search_command, "DesignSpaceSource",
+                        lambda: DesignSpaceSource(DesignSpaceConfig(sampler="random")))
+    db = tmp_path / "run.db"
+    assert main(["search", str(GEMM), "--evaluator", "simulated", "--generations", "400", "--db", str(db),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["state"] == "finished" and summary["reason"].startswith("design space exhausted: generation ")
+    assert summary["generations"] < 400
+    with Store(db, readonly=True) as st:
+        programs = st.programs(summary["run_id"])
+        points = {tuple(sorted(p["knobs"].items())) for p in programs if p["source"] != "seed"}
+        assert len(points) == space  # every point of the space, the baseline's included, once
+        assert len(st.evaluations(summary["run_id"])) == space + 1  # and the seed
+
+
+class _Repeats:
+    """An LLM stand-in whose every answer is the parent's own code: nothing new, ever."""
+
+    name = "repeats"
+    kinds: tuple[str, ...] = ("diff", "full", "crossover")
+
+    def propose(self, ctx: ProposalContext) -> list[Proposal]:
+        return [Proposal(name="same", rationale="", diff="", tags=[], source="llm_diff", parent_id=ctx.parent.id,
+                         code=ctx.parent.code)]
+
+
+def test_a_search_whose_llm_brings_nothing_new_ends_after_max_empty_generations(tmp_path: Path) -> None:
+    wl = write_synthetic_workload(tmp_path / "wl")
+    cfg = SearchConfig(seed=1, budget=BudgetConfig(generations=50), max_empty_generations=3)
+    with Store(tmp_path / "run.db") as st:
+        engine = SearchEngine(wl, st, SimulatedEvaluator(seed=1), [_Repeats()], cfg)
+        s = engine.run()
+    assert s.state == "finished" and s.generations == 3
+    assert s.reason == "nothing new to propose: 3 generations in a row (to generation 3) brought no program the " \
+                       "run does not have"
+
+
+def test_the_untried_points_are_proposed_when_the_sampler_asks_for_tried_ones(tmp_path: Path) -> None:
+    """A sampler that may ask only once finds nothing new after the first proposals; the source then walks the
+    untried points, so a small space is covered in full before the search ends."""
+    wl = write_synthetic_workload(tmp_path / "wl")
+    space = markers.space_size((wl / "baseline.cu").read_text())
+    assert space <= 200
+    cfg = SearchConfig(seed=2, budget=BudgetConfig(generations=10_000))
+    source = DesignSpaceSource(DesignSpaceConfig(sampler="random", max_asks=1))
+    with Store(":memory:") as st:
+        s = SearchEngine(wl, st, SimulatedEvaluator(seed=1), [source], cfg).run()
+        knobs = {tuple(sorted(p["knobs"].items())) for p in st.programs(s.run_id) if p["source"] != "seed"}
+    assert s.reason.startswith("design space exhausted") and len(knobs) == space
+    assert s.generations <= space  # every round but the last brought at least one new point
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--generations", "10001", "--generations 10001: must be between 0 and 10000"),
+    ("--generations", "-1", "--generations -1: must be between 0 and 10000"),
+    ("--seed", "-1", "--seed -1: must be between 0 and 4294967295"),
+    ("--seed", "99999999999999999999", "must be between 0 and 4294967295"),
+    ("--llm-budget", "1e9", "--llm-budget 1e+09: must be more than 0 and at most 10000 dollars"),
+    ("--llm-token-budget", "100000000000", "must be more than 0 and at most 10000000000 tokens"),
+])
+def test_counts_have_upper_bounds(tmp_path: Path, flag: str, value: str, says: str,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    wl = write_synthetic_workload(tmp_path / "wl")
+    db = tmp_path / "run.db"
+    argv = ["search", str(wl), "--evaluator", "simulated", "--db", str(db), f"{flag}={value}"]
+    if flag.startswith("--llm"):
+        argv += ["--mutator", "llm"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert not db.exists()
