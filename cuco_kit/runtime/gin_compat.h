@@ -115,7 +115,8 @@ CUCO_DEVICE_INLINE int counter_of(ncclGin_None) { return -1; }
 CUCO_DEVICE_INLINE int counter_of(ncclGin_CounterInc a) { return (int)a.counter; }
 
 #if defined(CUCO_STRESS) && CUCO_STRESS
-constexpr int kDeferred = 4; /* puts one thread may hold back before it must run them */
+constexpr int kDeferred = 16; /* puts one thread may hold back before it must run them (more than a staging
+                                * ring's slots, so a ring rewritten without a flush is caught) */
 #endif
 
 /* Whether any thread of the coop says yes; also a barrier of the coop (the coop types lsa_compat.h has). */
