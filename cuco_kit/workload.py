@@ -38,6 +38,9 @@ TIMINGS = ("device", "end_to_end")
 # so a folder copied from a sample needs no list edited anywhere.
 SEED_FILES = {"nccl": "seed_nccl.cu", "symm": "seed_copy.cu"}
 BASELINE_FILE = "device_lsa.cu"
+# The folder's device-initiated variant over GIN (one-sided puts and signals), when it has one: a second starting
+# point of API type "gin" (cuco_kit.search.api_type), checked under symm through runtime/gin_compat.h.
+GIN_BASELINE_FILE = "device_gin.cu"
 SAMPLES_DIR = "sample_kernels"  # the repository's sample workloads, one folder each
 
 # What a candidate's outputs are checked against (Workload.oracle; docs/contracts.md): the workload's torch
@@ -121,6 +124,8 @@ class Workload:
     seeds: dict[str, str] = field(default_factory=dict)
     # the device-initiated baseline in NCCL-LSA form (has the knob block); None: BASELINE_FILE if the folder has it
     baseline: str | None = None
+    # the device-initiated variant over GIN; None: GIN_BASELINE_FILE if the folder has it
+    gin_baseline: str | None = None
     flops: Callable[[Params, int], float] | None = None  # per rank, for the METHOD floor
     comm_bytes: Callable[[Params, int], float] | None = None  # bytes each rank receives per step
     size_presets: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -145,12 +150,14 @@ class Workload:
             raise BadInput(f"workload {self.name}: oracle {self.oracle!r}; use one of {', '.join(ORACLES)}")
 
     def find_sources(self) -> None:
-        """The file-name convention: seeds and baseline the workload does not name are SEED_FILES and
-        BASELINE_FILE, those of them its folder has."""
+        """The file-name convention: seeds and baselines the workload does not name are SEED_FILES, BASELINE_FILE
+        and GIN_BASELINE_FILE, those of them its folder has."""
         if not self.seeds:
             self.seeds = {b: f for b, f in SEED_FILES.items() if (self.directory / f).is_file()}
         if self.baseline is None and (self.directory / BASELINE_FILE).is_file():
             self.baseline = BASELINE_FILE
+        if self.gin_baseline is None and (self.directory / GIN_BASELINE_FILE).is_file():
+            self.gin_baseline = GIN_BASELINE_FILE
 
     def resolve(self, overrides: Mapping[str, int] | None = None) -> dict[str, int]:
         """Default parameters with overrides applied; unknown names are an error, not silently ignored."""

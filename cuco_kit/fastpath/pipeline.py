@@ -1,7 +1,7 @@
 """The fast path's loop: a host-collective seed -> a correct device-initiated candidate with EVOLVE blocks.
 
     analyze -> Stage A (devComm + declared scratch windows through the runtime helpers; host collectives kept)
-            -> Stage B (host collectives replaced by LSA device code; or GIN, compile-only on this hardware)
+            -> Stage B (host collectives replaced by LSA device code, or by GIN puts and signals)
             (or, with `single_stage`, one stage "single" that does both in one rewrite, checked as Stage B is)
             -> annotate (EVOLVE blocks + knob block; accepted only if stripping the markers gives back the
                input byte for byte, else a deterministic fallback)
@@ -11,8 +11,11 @@ present) -> judge (LLM diagnosis of a failure; the HARNESS decides pass/fail, ne
 the history of failed attempts, up to `max_attempts`. The rewrite and the judge are model roles of their own:
 `FastPath(..., judge_llm=...)` sends the judge's calls to another client (a cheaper model), through the same
 ledger; `FastPathConfig.rewrite_model` / `judge_model` record the names in the run's config.
-Without a GPU a stage stops after L1 and says so ("no GPU: L2 not evaluated"); GIN output is built and reported
-"unavailable to run", which is not a failure.
+Without a GPU a stage stops after L1 and says so ("no GPU: L2 not evaluated"). GIN output goes through L2 like
+LSA output wherever the backend can run it: under `symm` (runtime/gin_compat.h serves GIN's puts, signals, counters
+and flushes over the ranks' shared windows on one GPU), which checks correctness, not network speed. A GIN source
+that builds for `nccl` only (`// cuco: backends=nccl`) is built and reported "unavailable to run" (it needs RDMA
+NICs), which is not a failure.
 
 Every step is an object a notebook can hold: `FastPath.analyze()` gives the AnalysisReport, each stage a
 StageOutcome with its Attempts (proposal text, code, diff, L0, build log, evaluation, diagnosis, verdict). In
@@ -52,12 +55,13 @@ PURPOSES = {"A": "fastpath.stage_a", "B": "fastpath.stage_b", "single": "fastpat
 # Stages whose output has no host communication left (their L0 contract is Stage B's).
 REPLACING_STAGES = ("B", "single")
 NO_GPU = "no GPU: L2 not evaluated"
-GIN_UNAVAILABLE = "GIN: built for nccl; unavailable to run here (needs RDMA NICs) - not a failure"
+GIN_UNAVAILABLE = ("GIN: built for nccl only; unavailable to run here (needs RDMA NICs; a source that also builds "
+                   "for symm runs on one GPU through gin_compat.h) - not a failure")
 
 # Verdicts of one attempt.
 #   pass          every level that can run here passed (L2 at every planned world size)
 #   pass_l1       passed L0 and L1; L2 not evaluated (no GPU / no evaluator): said plainly, never "pass"
-#   compile_only  GIN: L0 and L1 passed; running needs NICs this machine lacks (not a failure)
+#   compile_only  GIN built for nccl only: L0 and L1 passed; running needs NICs this machine lacks (not a failure)
 #   fail          the harness rejected it at L0, L1 or L2
 #   error         the LLM answer was unusable (truncated, no code block) or the LLM failed
 #   rejected      a person rejected it before evaluation
@@ -538,7 +542,7 @@ class FastPath:
                 return
         attempt.build_log = "\n".join(logs)
         attempt.level = "L1"
-        if attempt.stage in REPLACING_STAGES and cfg.backend == "gin":
+        if attempt.stage in REPLACING_STAGES and cfg.backend == "gin" and not gin_runnable(targets):
             attempt.verdict, attempt.reason = "compile_only", GIN_UNAVAILABLE
             return
         if self.evaluator is None or self.workload_dir is None:
@@ -552,8 +556,6 @@ class FastPath:
         self._run_l2(attempt, code, targets, self.evaluator)
 
     def _build_backends(self, code: str, attempt: Attempt) -> list[str]:
-        if attempt.stage in REPLACING_STAGES and self.config.backend == "gin":
-            return ["nccl"]
         try:
             # host NCCL calls build for symm too (runtime/symm_nccl/nccl.h): Stage A is measured at the world
             # its Stage B runs in
@@ -729,6 +731,12 @@ class FastPath:
         eid = self.store.start_evaluation(pid, world_size=1, backend=backend, badge="real",
                                           request={"fastpath": stage, "attempt": attempt.number})
         self.store.finish_evaluation(eid, res.to_dict())
+
+
+def gin_runnable(backends: list[str] | tuple[str, ...]) -> bool:
+    """Whether GIN output built for ``backends`` can run here: under symm it can (gin_compat.h, one GPU); built
+    for nccl alone it needs RDMA NICs this kit never assumes."""
+    return "symm" in backends
 
 
 def _diff(old: str, new: str) -> str:

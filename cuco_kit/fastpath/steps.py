@@ -66,7 +66,7 @@ def check_stage_output(code: str, stage: str, backend: str, seed_report: Analysi
     feats = rep.features()
     names = set(rep.device_api_names) | {s.call for s in rep.setup}
     if stage == "A":
-        if "cuco_devcomm_create" not in names and "ncclDevCommCreate" not in names:
+        if not names & {"cuco_devcomm_create", "cuco_devcomm_create_gin", "ncclDevCommCreate"}:
             reasons.append("Stage A must create the devComm in cuco_setup with cuco_devcomm_create(ctx, "
                            "lsaBarrierCount, &devComm)")
         seed_calls = sorted({c.call for c in (seed_report.collectives + seed_report.p2p)}) if seed_report else []

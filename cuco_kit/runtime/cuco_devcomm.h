@@ -7,6 +7,8 @@
  *   int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out);
  *   int cuco_devcomm_create_lsa_world(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out);
  *                                                             // and require LSA team == world (push kernels)
+ *   int cuco_devcomm_create_gin(cuco_ctx_t* ctx, int lsaBarrierCount, int ginContextCount, int ginSignalCount,
+ *                               int ginCounterCount, ncclDevComm* out);   // with GIN contexts, signals, counters
  *   int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc);
  *   ncclWindow_t cuco_window(const cuco_tensor_t* t);        // a tensor's window, for ncclGetLsaPointer
  *   ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx);   // the flag region's window
@@ -46,13 +48,16 @@
 
 #if !CUCO_LSA_COMPAT
 
-static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+/* GIN needs requirements of its own (contexts, signals, counters); ginForceEnable asks NCCL to set GIN up even
+ * where it would not by itself, so a missing network fails here, in setup, and not in a kernel. */
+static inline int cuco_devcomm_create_gin(cuco_ctx_t* ctx, int lsaBarrierCount, int ginContextCount,
+                                          int ginSignalCount, int ginCounterCount, ncclDevComm* out) {
   if (ctx->backend != CUCO_BACKEND_NCCL || ctx->nccl_comm == NULL) {
     fprintf(stderr, "cuco_devcomm_create: built for nccl but ctx->backend=%d nccl_comm=%p\n", ctx->backend,
             ctx->nccl_comm);
     return CUCO_ERR_BACKEND;
   }
-  if (lsaBarrierCount < 0) return CUCO_ERR_PARAM;
+  if (lsaBarrierCount < 0 || ginContextCount < 0 || ginSignalCount < 0 || ginCounterCount < 0) return CUCO_ERR_PARAM;
   ncclComm_t comm = (ncclComm_t)ctx->nccl_comm;
 #if NCCL_VERSION_CODE >= 22900
   /* 2.29 grew the struct and gave it an initializer with non-zero defaults. */
@@ -62,6 +67,12 @@ static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, nccl
   memset(&reqs, 0, sizeof(reqs));
 #endif
   reqs.lsaBarrierCount = lsaBarrierCount;
+  if (ginContextCount > 0) {
+    reqs.ginForceEnable = true;
+    reqs.ginContextCount = ginContextCount;
+    reqs.ginSignalCount = ginSignalCount;
+    reqs.ginCounterCount = ginCounterCount;
+  }
   memset(out, 0, sizeof(*out));
   ncclResult_t r = cuco_nccl_settle(comm, ncclDevCommCreate(comm, &reqs, out));
   /* 2.28 leaves a stale, non-sticky CUDA error behind even on success; clear it so the candidate's next
@@ -76,6 +87,10 @@ static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, nccl
     fprintf(stderr, "cuco_devcomm_create: devComm has rank %d nRanks %d lsaRank %d lsaSize %d\n", out->rank,
             out->nRanks, out->lsaRank, out->lsaSize);
   return CUCO_OK;
+}
+
+static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+  return cuco_devcomm_create_gin(ctx, lsaBarrierCount, 0, 0, 0, out);
 }
 
 static inline int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc) {
@@ -96,25 +111,40 @@ static inline ncclWindow_t cuco_flags_window(const cuco_ctx_t* ctx) { return (nc
 static size_t cuco_compat_next_word_ = CUCO_COMPAT_HEADER_WORDS;
 static int cuco_compat_live_devcomms_ = 0;
 
-static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+/* Barrier words first, then the GIN words (gin_compat.h has their layout), from the runtime's part of the region. */
+static inline int cuco_devcomm_create_gin(cuco_ctx_t* ctx, int lsaBarrierCount, int ginContextCount,
+                                          int ginSignalCount, int ginCounterCount, ncclDevComm* out) {
   if (ctx->backend != CUCO_BACKEND_SYMM) return CUCO_ERR_BACKEND;
   if (lsaBarrierCount < 0 || ctx->world_size < 1 || ctx->world_size > CUCO_MAX_RANKS) return CUCO_ERR_PARAM;
+  if (ginContextCount < 0 || ginContextCount > 4 || ginSignalCount < 0 || ginCounterCount < 0) return CUCO_ERR_PARAM;
   if (ctx->flags.peers == NULL || ctx->flags.count < CUCO_FLAGS_RESERVED) return CUCO_ERR_PARAM;
-  size_t words = cuco_compat_barrier_words(lsaBarrierCount, ctx->world_size);
-  if (cuco_compat_next_word_ + words > CUCO_FLAGS_RESERVED) return CUCO_ERR_PARAM; /* too many barriers */
+  const size_t barrier_words = cuco_compat_barrier_words(lsaBarrierCount, ctx->world_size);
+  const size_t gin_words = ginContextCount > 0 ? cuco_compat_gin_words(ginContextCount, ginSignalCount,
+                                                                       ginCounterCount) : 0;
+  if (cuco_compat_next_word_ + barrier_words + gin_words > CUCO_FLAGS_RESERVED) return CUCO_ERR_PARAM;
   memset(out, 0, sizeof(*out));
   out->rank = out->lsaRank = ctx->rank;
   out->nRanks = out->lsaSize = ctx->world_size;
   out->flagPeers = ctx->flags.peers;
   out->barrierBase = cuco_compat_next_word_;
   out->lsaBarrierCount = lsaBarrierCount;
+  if (ginContextCount > 0) {
+    out->ginContextCount = ginContextCount;
+    out->ginSignalCount = ginSignalCount;
+    out->ginCounterCount = ginCounterCount;
+    out->ginBase = cuco_compat_next_word_ + barrier_words;
+  }
 #ifdef __CUDACC__
   int rank = ctx->rank;
   if (cudaMemcpyToSymbol(cuco_compat_rank_, &rank, sizeof(rank)) != cudaSuccess) return CUCO_ERR_CUDA;
 #endif
-  cuco_compat_next_word_ += words;
+  cuco_compat_next_word_ += barrier_words + gin_words;
   cuco_compat_live_devcomms_ += 1;
   return CUCO_OK;
+}
+
+static inline int cuco_devcomm_create(cuco_ctx_t* ctx, int lsaBarrierCount, ncclDevComm* out) {
+  return cuco_devcomm_create_gin(ctx, lsaBarrierCount, 0, 0, 0, out);
 }
 
 static inline int cuco_devcomm_destroy(cuco_ctx_t* ctx, ncclDevComm* dc) {

@@ -6,9 +6,9 @@
  * One source, two backends:
  *   - built for `nccl` (default), this pulls in the real <nccl.h> and <nccl_device.h> (NCCL >= 2.28): windows,
  *     ncclDevComm and ncclLsaBarrierSession are NCCL's own, over NVLink.
- *   - built with -DCUCO_BUILD_SYMM=1, it pulls in lsa_compat.h instead: the SUBSET of the same device API the
- *     samples use (same names, same semantics), implemented over the harness's peer-pointer tables and flag
- *     region, so 2-4 ranks sharing one GPU run the unchanged kernel.
+ *   - built with -DCUCO_BUILD_SYMM=1, it pulls in lsa_compat.h and gin_compat.h instead: the SUBSET of the same
+ *     device API (LSA and GIN) the samples use (same names, same semantics), implemented over the harness's
+ *     peer-pointer tables and flag region, so 2-4 ranks sharing one GPU run the unchanged kernel.
  * Either way cuco_devcomm.h adds cuco_devcomm_create/destroy (and cuco_devcomm_create_lsa_world), cuco_window,
  * cuco_flags_window and the epoch flag helpers cuco_signal/cuco_wait; cuco_errors.h the CUCO_*_TRY error
  * propagation; cuco_side_stream.h the high-priority side stream that overlapping candidates fork and join;
@@ -37,6 +37,7 @@
 #if defined(CUCO_BUILD_SYMM) && CUCO_BUILD_SYMM
 #define CUCO_LSA_COMPAT 1
 #include "lsa_compat.h"
+#include "gin_compat.h" /* GIN puts, signals, counters over the same flag region and peer tables */
 #else
 #define CUCO_LSA_COMPAT 0
 #include <nccl.h>

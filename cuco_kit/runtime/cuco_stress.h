@@ -7,7 +7,9 @@
  *   - right after a signal (cuco_signal, a barrier's arrive): what the signalling thread does next, typically
  *     stores the flag was meant to cover, lands late, so a flag raised before its stores shows;
  *   - right before a wait returns (cuco_wait, a barrier's wait): the waiting unit starts late, so work that
- *     some other unit assumed it had covered (a missing wait, a barrier member left out) shows.
+ *     some other unit assumed it had covered (a missing wait, a barrier member left out) shows;
+ *   - right before a GIN put moves its payload (gin_compat.h, which also holds puts back at random): data lands
+ *     late, so a missing signal wait or a source reused before its flush shows.
  * Delays are seeded per (trial, rank) by the harness through cuco_stress_configure, and differ per call site,
  * block, thread and epoch, so each verification trial explores another interleaving. Without CUCO_STRESS the
  * hooks are empty inline functions and the barrier is the plain one. The harness times the SAME stress build after
@@ -67,6 +69,12 @@ __device__ __forceinline__ void cuco_stress_before_wait_returns(const void* flag
   cuco_stress::pause(2, (uint64_t)(uintptr_t)flag ^ (cuco_stress::unit_id() << 20), epoch * 1024 + threadIdx.x);
 }
 
+/* Before a one-sided put moves its payload (gin_compat.h): the bytes land late, so a reader that did not wait
+ * for the put's signal sees the old ones. */
+__device__ __forceinline__ void cuco_stress_before_data(const void* dst, uint64_t bytes) {
+  cuco_stress::pause(5, (uint64_t)(uintptr_t)dst ^ (cuco_stress::unit_id() << 20), bytes * 1024 + threadIdx.x);
+}
+
 #endif /* __CUDACC__ */
 
 /* Host: set this trial's seed, the longest pause (ns, 0 = none) and the chance of a pause per call (1/1000).
@@ -91,6 +99,7 @@ extern "C" __attribute__((visibility("default"))) int cuco_stress_configure(uint
 #ifdef __CUDACC__
 __device__ __forceinline__ void cuco_stress_after_signal(const void*, uint64_t) {}
 __device__ __forceinline__ void cuco_stress_before_wait_returns(const void*, uint64_t) {}
+__device__ __forceinline__ void cuco_stress_before_data(const void*, uint64_t) {}
 #endif
 
 #endif /* CUCO_STRESS */

@@ -11,7 +11,8 @@
  *   int cuco_waits_bind(cuco_wait_ctl_t* ctl);   // once per load, before cuco_setup; CUCO_OK or CUCO_ERR_*
  *
  * Every wait of the runtime spins here: cuco_wait (cuco_devcomm.h), the LSA barrier's wait under symm
- * (lsa_compat.h) and host NCCL under symm (host_nccl_compat.h). A wait nobody satisfies used to spin until the
+ * (lsa_compat.h), GIN's signal and counter waits under symm (gin_compat.h) and host NCCL under symm
+ * (host_nccl_compat.h). A wait nobody satisfies used to spin until the
  * harness's watchdog killed the rank processes and the warm world was started again, and all the verdict said was
  * "the step hangs". Bound, a wait that spun for ctl->limit_ns (the harness's step limit) or that sees ctl->abort
  * raised (the harness raises it when its watchdog fires) gives up instead: the first wait to give up records
@@ -49,7 +50,9 @@
 typedef enum cuco_wait_kind {
   CUCO_WAIT_FLAG = 1,        /* cuco_wait: an epoch flag (the harness names it from its address) */
   CUCO_WAIT_LSA_BARRIER = 2, /* an LSA barrier's wait (symm): `peer` never arrived at barrier `index` */
-  CUCO_WAIT_HOST_NCCL = 3    /* host NCCL under symm: a collective barrier, a chunk or its acknowledgement */
+  CUCO_WAIT_HOST_NCCL = 3,   /* host NCCL under symm: a collective barrier, a chunk or its acknowledgement */
+  CUCO_WAIT_GIN_SIGNAL = 4,  /* a GIN waitSignal (symm): signal `index` never reached the count */
+  CUCO_WAIT_GIN_COUNTER = 5  /* a GIN waitCounter (symm): counter `index` never reached the count */
 } cuco_wait_kind_t;
 
 /* Why it gave up. */
@@ -75,7 +78,8 @@ typedef struct cuco_wait_ctl {
   uint64_t seen;        /* what the word held when it gave up */
   uint64_t waited_ns;   /* how long it spun */
   int32_t peer;         /* CUCO_WAIT_LSA_BARRIER: the peer that never arrived; -1 otherwise */
-  int32_t index;        /* CUCO_WAIT_LSA_BARRIER: the barrier's index; -1 otherwise */
+  int32_t index;        /* CUCO_WAIT_LSA_BARRIER: the barrier's index; CUCO_WAIT_GIN_*: the signal or counter id;
+                         * -1 otherwise */
   uint32_t block[3];    /* blockIdx of the waiting thread */
   uint32_t thread;      /* its thread index within the block (x + y * blockDim.x + z * blockDim.x * blockDim.y) */
 } cuco_wait_ctl_t;

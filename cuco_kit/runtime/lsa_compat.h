@@ -14,8 +14,9 @@
  *   ncclCoopCta, ncclCoopThread, ncclCoopWarp, ncclCoopTile<N>   (thread_rank, size, num_threads, sync)
  *   ncclLsaBarrierSession<Coop>(coop, devComm, ncclTeamTagLsa{}, index)  arrive / wait / sync(coop, order)
  *
+ * GIN (puts, signals, counters, flush) is gin_compat.h's, over the same devComm.
  * Not provided (a candidate using them fails to build under symm, which is the honest outcome): multimem,
- * GIN, resource buffers, LL all-to-all, handle-based barrier sessions.
+ * resource buffers, LL all-to-all, handle-based barrier sessions.
  *
  * Barriers live in the runtime-reserved words of the flag region. Words [0, CUCO_COMPAT_HEADER_WORDS) are
  * left to the harness / future bookkeeping; each devComm then takes the next B*(1+W) words (B LSA barriers,
@@ -69,6 +70,12 @@ struct ncclDevComm {
   uint64_t* const* flagPeers;
   size_t barrierBase;
   int lsaBarrierCount;
+  /* GIN (gin_compat.h), NCCL's names: contexts, signals and counters per context (0 when made without GIN), and
+   * compat only: where this devComm's GIN words start in the flag region */
+  int ginContextCount;
+  int ginSignalCount;
+  int ginCounterCount;
+  size_t ginBase;
 };
 typedef struct ncclDevComm ncclDevComm_t;
 

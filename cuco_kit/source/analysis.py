@@ -61,7 +61,7 @@ _SETUP = frozenset({
     "ncclCommInitAll", "ncclCommSplit", "ncclCommShrink", "ncclCommFinalize", "ncclCommDestroy", "ncclCommAbort",
     "ncclCommRegister", "ncclCommDeregister", "ncclCommWindowRegister", "ncclCommWindowDeregister",
     "ncclDevCommCreate", "ncclDevCommDestroy", "ncclMemAlloc", "ncclMemFree", "cuco_devcomm_create",
-    "cuco_devcomm_create_lsa_world", "cuco_devcomm_destroy",
+    "cuco_devcomm_create_lsa_world", "cuco_devcomm_create_gin", "cuco_devcomm_destroy",
 })
 
 # allocation call -> (pointer argument, bytes argument, stream argument, kind)
@@ -127,7 +127,8 @@ _DEVICE_API_NAMES = frozenset({
     "ncclGetLsaPointer", "ncclGetPeerPointer", "ncclGetLocalPointer", "ncclGetLsaMultimemPointer",
     "ncclGetMultimemPointer", "ncclDevComm", "ncclDevComm_t", "ncclDevCommCreate", "ncclTeamLsa", "ncclTeamWorld",
     "ncclTeamRail", "ncclCoopCta", "ncclCoopWarp", "ncclCoopThread", "ncclWindow_t",
-    "cuco_devcomm_create", "cuco_devcomm_create_lsa_world", "cuco_devcomm_destroy", "cuco_window",
+    "cuco_devcomm_create", "cuco_devcomm_create_lsa_world", "cuco_devcomm_create_gin", "cuco_devcomm_destroy",
+    "cuco_window",
     "cuco_flags_window", "cuco_signal", "cuco_wait",
 })
 _DEVICE_API_HEADERS = ("lsa_compat.h", "cuco_lsa.h", "nccl_device.h")
@@ -997,7 +998,8 @@ class _Analyzer:
                 args, 3, scope)
         elif name in ("ncclCommWindowDeregister", "ncclCommDeregister"):
             comm, handle = _opt(args, 0, scope), _opt(args, 1, scope)
-        elif name in ("ncclDevCommCreate", "cuco_devcomm_create", "cuco_devcomm_create_lsa_world"):
+        elif name in ("ncclDevCommCreate", "cuco_devcomm_create", "cuco_devcomm_create_lsa_world",
+                      "cuco_devcomm_create_gin"):
             comm, handle = _opt(args, 0, scope), _out_arg(args, len(args) - 1, scope) if args else None
         elif name == "ncclMemAlloc":
             buffer, nbytes = _out_arg(args, 0, scope), _text(args, 1)

@@ -105,6 +105,7 @@ class CucoWaitCtl(ctypes.Structure):
 
 
 CUCO_WAIT_FLAG, CUCO_WAIT_LSA_BARRIER, CUCO_WAIT_HOST_NCCL = 1, 2, 3  # cuco_wait_kind_t
+CUCO_WAIT_GIN_SIGNAL, CUCO_WAIT_GIN_COUNTER = 4, 5  # cuco_wait_kind_t: GIN waits under symm (gin_compat.h)
 CUCO_WAIT_LIMIT, CUCO_WAIT_ABORT = 1, 2  # cuco_wait_end_t
 
 

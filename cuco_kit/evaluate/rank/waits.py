@@ -94,6 +94,10 @@ def waited_on(ctl: abi.CucoWaitCtl, where: Sequence[Region]) -> str:
     """What the wait that gave up waited on, named by kind and by the window its word is in."""
     if ctl.kind == abi.CUCO_WAIT_LSA_BARRIER:
         return f"LSA barrier {ctl.index} (peer {ctl.peer} never arrived)"
+    if ctl.kind == abi.CUCO_WAIT_GIN_SIGNAL:
+        return f"GIN signal {ctl.index}"
+    if ctl.kind == abi.CUCO_WAIT_GIN_COUNTER:
+        return f"GIN counter {ctl.index}"
     for region in where:
         found = region.locate(int(ctl.word))
         if found is not None:
@@ -107,7 +111,8 @@ def verdict(ctl: abi.CucoWaitCtl, where: Sequence[Region], what: str) -> str:
     limit)"."""
     if not ctl.gave_up:
         return ""
-    value = "count" if ctl.kind == abi.CUCO_WAIT_HOST_NCCL else "epoch"
+    value = "count" if ctl.kind in (abi.CUCO_WAIT_HOST_NCCL, abi.CUCO_WAIT_GIN_SIGNAL,
+                                    abi.CUCO_WAIT_GIN_COUNTER) else "epoch"
     ended = ("the harness aborted it at the step limit" if ctl.ended_by == abi.CUCO_WAIT_ABORT else
              "the waits' limit, the step limit")
     block = ",".join(str(int(b)) for b in ctl.block)

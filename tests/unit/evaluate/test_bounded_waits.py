@@ -71,6 +71,13 @@ def test_a_barrier_names_the_peer_that_never_arrived_and_host_nccl_waits_count()
     assert "(peer 0's staging window) count 4 for" in waits.verdict(nccl, WHERE, "trial")
 
 
+def test_gin_waits_name_the_signal_or_counter_and_its_count() -> None:
+    sig = _gave_up(FLAGS.peers_host[0] + 80 * 8, kind=abi.CUCO_WAIT_GIN_SIGNAL, target=24, index=1)
+    assert waits.verdict(sig, WHERE, "trial").startswith("timeout: waited on GIN signal 1 count 24 for")
+    ctr = _gave_up(FLAGS.peers_host[0] + 90 * 8, kind=abi.CUCO_WAIT_GIN_COUNTER, target=3, index=0)
+    assert "waited on GIN counter 0 count 3" in waits.verdict(ctr, WHERE, "trial")
+
+
 def test_no_verdict_while_no_wait_gave_up_and_reset_and_abort_set_the_harness_words() -> None:
     ctl = _gave_up(FLAGS.peers_host[0])
     ctl.abort = 1
