@@ -15,10 +15,9 @@ from cuco_kit.llm import OpenAICompatibleClient
 from cuco_kit.llm.fake_server import FakeOpenAIServer, answer
 from cuco_kit.search.api_type import api_type
 from cuco_kit.workload import GIN_BASELINE_FILE, load_workload, sample_workloads
+from tests.unit.fastpath.test_fastpath import RecordingBuilder, ScriptedEvaluator, cuda
 
-from .test_fastpath import RecordingBuilder, ScriptedEvaluator, cuda
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MOE = ROOT / "sample_kernels" / "moe_dispatch_combine"
 ADV = ROOT / "tests" / "data" / "adversarial"
 ENTRIES = {k: v for k, v in json.loads((ADV / "EXPECTED.json").read_text()).items() if not k.startswith("_")}
