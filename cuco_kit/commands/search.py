@@ -55,9 +55,10 @@ from cuco_kit.evaluate.recordings import RecordedConfig, catalogue, miss_hint
 from cuco_kit.evaluate.spec import EvaluatorSpec
 from cuco_kit.events import Event, EventBus
 from cuco_kit.llm import CallLog, LLMClient, LLMConfig, OpenAICompatibleClient
+from cuco_kit.search import islands
 from cuco_kit.search.config import TIMELINE_CHOICES, SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource
-from cuco_kit.search.engine import SearchEngine
+from cuco_kit.search.engine import WHY, SearchEngine
 from cuco_kit.search.llm_source import LLMSource
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.proposal import ProposalSource
@@ -99,8 +100,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--config", type=Path, metavar="RUN.toml",
                         help="search settings: SearchConfig's fields, with tables [budget], [islands], [selection], "
-                             "[phases], [novelty], [meta], [design_space], [models], [params] (docs/llm_search.md); a "
-                             "flag given here wins over the file, the file over the defaults")
+                             "[phases], [novelty], [meta], [design_space], [remeasure], [models], [params] "
+                             "(docs/llm_search.md, docs/islands.md); a flag given here wins over the file, the file "
+                             "over the defaults; [islands] file paths are read from the file's folder")
     parser.add_argument("--target", type=float, metavar="RATIO",
                         help="stop once a program is faster than the seed by this ratio (e.g. 1.2) with its 95%% "
                              "interval clear of it (the interval's lower bound above RATIO)")
@@ -166,6 +168,8 @@ def resolve_config(args: argparse.Namespace) -> SearchConfig:
     the file's [params] one by one; --models replaces the file's [models] and --mutation-model adds to them. A key
     the file has that SearchConfig does not know is refused by name."""
     data = read_run_file(args.config) if args.config is not None else {}
+    if args.config is not None and isinstance(data.get("islands"), dict):
+        islands.resolve_paths(data["islands"], Path(args.config).parent)  # the file's paths are relative to it
     for dest, (key, default) in FLAG_KEYS.items():
         if getattr(args, dest) is None:
             from_file = _get(data, key)
@@ -319,8 +323,9 @@ def _printer(as_json: bool) -> Callable[[Event], None]:
             extra = (f"{d['median_ms']:.4f} ms, {d['speedup']:.3f}x" if d.get("median_ms") is not None and
                      d.get("speedup") is not None else f"{d.get('reason', '')[:100]}")
             oracle = f" (oracle: {d['oracle']})" if d.get("oracle") else ""
+            again = f" (measured again before {WHY[d['remeasure']]})" if d.get("remeasure") in WHY else ""
             line = f"eval {d['evaluation_id']} program {d['program_id']}: {d['verdict']} at " \
-                   f"{d['level_reached']} [{d['badge']}] {extra}{oracle}"
+                   f"{d['level_reached']} [{d['badge']}] {extra}{oracle}{again}"
         elif event.kind == "proposal":
             line = f"proposal {d['proposal_id']} ({d['source']}) from program {d['parent_id']}: {d['name']}"
         elif event.kind == "new_best":
@@ -360,6 +365,7 @@ def run(args: argparse.Namespace) -> int:
     wl = load_workload(workload_dir)
     params = config.params
     _check_workload(wl, args, params)
+    islands.read_files(config.islands)  # the islands' own programs and prompts, now, before --db exists
     llm: LLMConfig | None = None
     calls = call_log(args)
     if args.mutator != "offline":

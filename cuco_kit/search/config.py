@@ -17,6 +17,7 @@ from cuco_kit.search.meta import MetaConfig
 from cuco_kit.search.models import ModelsConfig
 from cuco_kit.search.novelty import NoveltyConfig
 from cuco_kit.search.phases import PhaseConfig, PhaseSettings
+from cuco_kit.search.remeasure import RemeasureConfig
 from cuco_kit.search.selection import SelectionConfig
 
 TIMELINE_CHOICES = ("every", "off")
@@ -28,7 +29,7 @@ BACKENDS: tuple[Backend, ...] = ("nccl", "symm")
 # The tables of a SearchConfig that are plain dataclasses (models and phases have their own from_dict).
 TABLES: dict[str, type] = {"budget": BudgetConfig, "islands": IslandConfig, "selection": SelectionConfig,
                            "novelty": NoveltyConfig, "meta": MetaConfig, "design_space": DesignSpaceConfig,
-                           "diagnosis": DiagnosisConfig}
+                           "diagnosis": DiagnosisConfig, "remeasure": RemeasureConfig}
 
 
 def _names(cls: type) -> list[str]:
@@ -77,6 +78,9 @@ class SearchConfig:
     diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)  # LLM diagnoses of failed and slow programs
     design_space: DesignSpaceConfig = field(default_factory=DesignSpaceConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)  # per-role models (empty: the one client given)
+    # Measure a program again, beside the seed, before it migrates or is announced as the run's best
+    # (search/remeasure.py); each check is one more evaluation.
+    remeasure: RemeasureConfig = field(default_factory=RemeasureConfig)
     # Stop once a program's speed-up over the seed beats this ratio with its 95% interval clear of it (the
     # interval's lower bound above it; search/target.py). None: no target.
     target_ratio: float | None = None

@@ -58,7 +58,7 @@ from cuco_kit.evaluate.api import Badge, EvalRequest, EvalResult, Evaluator, bad
 from cuco_kit.events import EventSink
 from cuco_kit.llm.client import LLMBudgetExceeded
 from cuco_kit.llm.ledger import Ledger
-from cuco_kit.search import diagnosis, repair, target
+from cuco_kit.search import diagnosis, remeasure, repair, target
 from cuco_kit.search import islands as islands_mod
 from cuco_kit.search.archive import Archive, cell_of
 from cuco_kit.search.budget import BudgetTracker
@@ -89,6 +89,7 @@ from cuco_kit.workload import load_workload
 log = logging.getLogger("cuco_kit.search")
 
 LLM_KINDS = ("diff", "full", "crossover")
+WHY = {"migrant": "it migrates", "best": "it is announced as the run's best"}  # a re-measure's purpose, in words
 
 
 @dataclass
@@ -108,6 +109,8 @@ class SearchSummary:
     reruns: int
     prebuilds: int
     llm_dollars: float
+    remeasures: int = 0  # evaluations that measured a program again before promoting it (search/remeasure.py)
+    held_back: int = 0  # programs whose advantage did not hold when measured again
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,6 +184,7 @@ class SearchEngine:
         self._setup_done = False
         self._baseline_code = ""  # the baseline root's code, read and checked at set-up
         self._initial_codes: list[str] = []  # the further starting programs' code (config.initial_programs)
+        self._island_files = islands_mod.IslandFiles()  # the islands' own programs and prompts, read at set-up
         self._owner = False  # this engine holds the store's owner lock
         self._gen_done = 0
         self._migrations: list[dict[str, Any]] = []
@@ -197,7 +201,14 @@ class SearchEngine:
         self._best: float | None = None
         self._build_failed: list[ProgramView] = []  # LLM programs of this round that did not compile
         self._to_diagnose: list[int] = []  # programs evaluated since the last round's end (diagnosis.py)
-        self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0}
+        self.counters = {"duplicates_skipped": 0, "novelty_rejected": 0, "reruns": 0, "remeasures": 0}
+        # Re-measures (search/remeasure.py): the verdict per program, the tag of each one in flight (evaluation id ->
+        # its stored tag), and the migrations not made because a migrant's advantage did not hold.
+        self._verdicts: dict[int, remeasure.Verdict] = {}
+        self._remeasuring: dict[int, dict[str, Any]] = {}
+        self._refused: list[dict[str, Any]] = []
+        self._can_remeasure = remeasure.supported(self.badge)
+        self._budget_noted = False  # the log said once that the evaluation budget left a promotion unchecked
 
     @property
     def _rid(self) -> int:
@@ -311,6 +322,7 @@ class SearchEngine:
         # Checked like a --from file before anything is stored or evaluated (start_from checked that one).
         self._baseline_code = read_baseline(self.workload) if self.start_point is None else self.start_point.code
         self._initial_codes = [read_initial(path) for path in cfg.initial_programs]
+        self._island_files = islands_mod.read_files(cfg.islands)
         if not self._owner:
             self.store.acquire_owner("search")  # before reading what to resume: it must not change under us
             self._owner = True
@@ -342,6 +354,7 @@ class SearchEngine:
         if not self.population.roots():
             self._add_roots()
         self._add_initial_programs()
+        self._add_island_programs()
         self._restore_pending()
         self._setup_done = True
 
@@ -372,7 +385,8 @@ class SearchEngine:
                 if run["workload"] == self.workload.name and c.get("backend") == cfg.backend \
                         and c.get("world_size") == cfg.world_size and c.get("seed") == cfg.seed \
                         and c.get("start_from") == start_sha \
-                        and c.get("initial_programs", []) == cfg.initial_programs:
+                        and c.get("initial_programs", []) == cfg.initial_programs \
+                        and (c.get("islands") or {}).get("initial_programs", []) == cfg.islands.initial_programs:
                     self._log(f"resuming run {run['id']} of {self.workload.name} from {self.store.path}")
                     return int(run["id"])
         return self.store.create_run(workload=self.workload.name,
@@ -387,6 +401,12 @@ class SearchEngine:
         st = self.store.get_meta(rid, "state", {}) or {}
         self._gen_done = int(st.get("generation_done", 0))
         self._migrations = list(st.get("migrations", []))
+        self._refused = list(st.get("refused_migrations", []))
+        recorded = st.get("topology")
+        now = [list(e) for e in islands_mod.edges(self.config.islands)]
+        if recorded is not None and recorded != now:
+            self._log(f"resume: the islands' topology changed ({len(recorded)} edge(s) before, {len(now)} now); the "
+                      "migrations made stand, the next ones follow the new edges", "warning")
         self._meta_summary = str(st.get("meta_summary", ""))
         self._wall_before = float(st.get("wall_s", 0.0))
         # Spent under the budget this session has: still spent; a raised budget lets the LLM propose again.
@@ -402,6 +422,10 @@ class SearchEngine:
         # Evaluated in a round whose end was not stored: diagnosed when that round is finished.
         self._to_diagnose = [p.id for p in self.population.all() if p.generation > self._gen_done]
         self.population.island_api = self.config.islands.api_map()
+        self.population.seeded_islands = self.config.islands.seeded()
+        # The verdicts of the re-measures stored so far: the evaluations are the record (their requests say why).
+        self._verdicts = remeasure.rebuild(self.store.evaluations(run_id=rid), self.population)
+        self.population.held_back = {pid for pid, v in self._verdicts.items() if not v.held}
         self.archive = Archive.rebuild(self.population)
         best = self.population.best()
         self._best = best.fitness if best else None
@@ -469,6 +493,28 @@ class SearchEngine:
                                          island=(i + 1) % cfg.islands.islands, generation=0)
             self.population.add_row(self.store.program(pid))
             self._ready.append(pid)
+
+    def _add_island_programs(self) -> None:
+        """The islands' own starting programs (IslandConfig.initial_programs) at generation 0, each on its island.
+        A program the run already has (a kill came between two, or the same file starts two islands) is not added
+        again; on another island it becomes a member there too, every session anew (the config says so)."""
+        cfg = self.config
+        for island, files in sorted(self._island_files.programs.items()):
+            for path, code in files:
+                row = self.store.find_program_by_hash(self._rid, code_hash(code))
+                if row is not None:
+                    if int(row.get("island") or 0) != island:
+                        self.population.migrate(row["id"], island)
+                    continue
+                knobs, cell = cell_of(code, cfg.backend, cfg.cell_features)
+                name = Path(path).name
+                pid = self.store.add_program(run_id=self._rid, code=code, parent_id=None, source="human",
+                                             name=f"island {island} start ({name})",
+                                             rationale=f"a starting program of island {island}: {name}",
+                                             tags=[INITIAL_TAG, f"island:{island}"], knobs=knobs, cell=cell,
+                                             island=island, generation=0)
+                self.population.add_row(self.store.program(pid))
+                self._ready.append(pid)
 
     def _restore_pending(self) -> None:
         """Proposals waiting when the run stopped go back to the gate, with the labels they were stored with."""
@@ -581,8 +627,8 @@ class SearchEngine:
             kind = settings.draw_kind(rng, kinds)
             if kind is None:
                 break
-            parent = select_parent(self.population.island_members(island), self.population.roots(), sel, rng,
-                                   counts)
+            parent = select_parent(self.population.island_members(island), self.population.island_start(island),
+                                   sel, rng, counts)
             second = None
             if kind == "crossover":
                 second = self._second_parent(parent, island, rng)
@@ -681,7 +727,8 @@ class SearchEngine:
             second_parent=g.second, inspirations=insp,
             failures=self.population.failures(cfg.failures_in_prompt), meta_summary=self._meta_summary,
             seed=cfg.seed, parallel=cfg.slots, n=g.n,
-            system_prompt=islands_mod.system_prompt(g.island, cfg.islands))
+            system_prompt=islands_mod.system_prompt(g.island, cfg.islands,
+                                                    self._island_files.prompts.get(g.island, "")))
 
     def _collect_human(self) -> None:
         if self.human.waiting() == 0:
@@ -777,17 +824,29 @@ class SearchEngine:
                        program_id=program_id)
 
     # ------------------------------------------------------------------------------------------- evaluation
-    def _request(self, p: ProgramView) -> EvalRequest:
+    def _request(self, p: ProgramView, purpose: str | None = None) -> EvalRequest:
+        """The request that evaluates ``p``; with a ``purpose`` ("migrant", "best"), the one that measures it again
+        before that promotion: its own request seed (fresh inputs and noise), the seed measured beside it."""
         cfg = self.config
         parent = self.population.get(p.parent_id)
-        return EvalRequest(candidate_code=p.code, workload_dir=self.workload_dir, params=dict(cfg.params),
-                           world_size=cfg.world_size, backend=cfg.backend,
-                           parent_code=parent.code if parent is not None else None, iters=cfg.iters,
-                           seed=cfg.seed, timeline=cfg.timeline == "every", label=f"program {p.id}: {p.name}")
+        req = EvalRequest(candidate_code=p.code, workload_dir=self.workload_dir, params=dict(cfg.params),
+                          world_size=cfg.world_size, backend=cfg.backend,
+                          parent_code=parent.code if parent is not None else None, iters=cfg.iters,
+                          seed=cfg.seed, timeline=cfg.timeline == "every", label=f"program {p.id}: {p.name}")
+        if purpose is None:
+            return req
+        attempt = sum(1 for e in self.store.evaluations(program_id=p.id)
+                      if (e.get("request") or {}).get(remeasure.REQUEST_KEY))
+        # No timeline: the first evaluation recorded it, and its profiling would only add time.
+        return replace(req, seed=remeasure.request_seed(cfg.seed, p.id, attempt), measure_seed=True,
+                       iters=cfg.remeasure.iters or cfg.iters, timeline=False,
+                       label=f"{req.label} (re-measured before {WHY[purpose]})")
 
     def _evaluate_ready(self) -> None:
-        """Evaluate every ready program: up to ``slots`` at once, builds of the rest started ahead."""
+        """Evaluate every ready program: up to ``slots`` at once, builds of the rest started ahead; then check the
+        run's best (`_confirm_best`)."""
         if not self._ready:
+            self._confirm_best()  # a resume may find a best that was never measured again
             return
         todo = [self.population.programs[i] for i in self._ready]
         self._ready = []
@@ -796,12 +855,15 @@ class SearchEngine:
         rest = [p for p in todo if p.source != "seed"]
         for batch in ([seeds, rest] if seeds else [rest]):
             self._evaluate(batch)
+        self._confirm_best()
 
-    def _evaluate(self, programs: list[ProgramView]) -> None:
+    def _evaluate(self, programs: list[ProgramView], purpose: str | None = None) -> None:
+        """Evaluate ``programs`` (with a ``purpose``: measure them again before that promotion)."""
         if not programs:
             return
         slots = self.executor.slots
-        requests = [self._request(p) for p in programs]
+        requests = [self._request(p, purpose) for p in programs]
+        tags = {p.id: remeasure.tag(purpose, p.fitness) for p in programs} if purpose else {}
         for r in requests[slots:]:
             self.executor.prebuild(r)
         queue = list(zip(programs, requests))
@@ -811,31 +873,40 @@ class SearchEngine:
                 self._hold_if_paused()  # a pause also holds the rest of a round's batch
             while queue and len(inflight) < slots and self._running.is_set() and not self._hard_stopping():
                 p, req = queue.pop(0)
-                inflight.update([self._submit(p, req)])
+                inflight.update([self._submit(p, req, tags.get(p.id))])
             if not inflight:
                 break  # hard stop: what was not started stays unevaluated (it runs on resume)
             done, _ = cf.wait(list(inflight), return_when=cf.FIRST_COMPLETED)
             for fut in sorted(done, key=lambda f: inflight[f][1]):
                 p, eid = inflight.pop(fut)
                 self._commit(p, eid, fut)
-        # Programs not started because of a stop go back to the ready list (evaluated on resume).
-        self._ready.extend(p.id for p, _ in queue)
+        # Programs not started because of a stop go back to the ready list (evaluated on resume); a re-measure not
+        # started is asked for again when its promotion comes up again.
+        if purpose is None:
+            self._ready.extend(p.id for p, _ in queue)
 
     def _hard_stopping(self) -> bool:
         return self._stop.is_set() or self.budget.hard_stop() is not None
 
-    def _submit(self, p: ProgramView, req: EvalRequest) -> tuple[cf.Future[EvalResult], tuple[ProgramView, int]]:
+    def _submit(self, p: ProgramView, req: EvalRequest, tag: dict[str, Any] | None = None
+                ) -> tuple[cf.Future[EvalResult], tuple[ProgramView, int]]:
         stored = req.__dict__.copy()
         if p.id in self._rerun_of:
             stored["rerun_of"] = self._rerun_of[p.id]
+        if tag is not None:
+            stored[remeasure.REQUEST_KEY] = tag  # a resume finds the verdict from this
         eid = self.store.start_evaluation(p.id, world_size=req.world_size, backend=req.backend, badge=self.badge,
                                           request=stored)
         if p.id in self._rerun_of:
             self.counters["reruns"] += 1
             self._log(f"re-running program {p.id} (evaluation(s) {self._rerun_of[p.id]} were interrupted) as "
                       f"evaluation {eid}", "warning")
+        if tag is not None:
+            self._remeasuring[eid] = tag
+            self.counters["remeasures"] += 1
         self._emit("evaluation_started", evaluation_id=eid, program_id=p.id, world_size=req.world_size,
-                   backend=req.backend, badge=self.badge, name=p.name, source=p.source)
+                   backend=req.backend, badge=self.badge, name=p.name, source=p.source,
+                   **({"remeasure": tag["purpose"]} if tag else {}))
 
         def progress(d: dict[str, Any]) -> None:
             data = {k: v for k, v in d.items() if k not in ("evaluation_id", "program_id")}
@@ -851,26 +922,113 @@ class SearchEngine:
         d = result.to_dict()
         self.store.finish_evaluation(eid, d)
         self._rerun_of.pop(p.id, None)
+        tag = self._remeasuring.pop(eid, None)
         p = self.population.set_result(p.id, d, eid)
         if p.source == "seed":
             # Fitness of anything scored before the seed's number was known is recomputed against it.
             for q in self.population.all():
                 if q.result is not None and q.id != p.id:
                     self.population.set_result(q.id, q.result, q.evaluation_id)
-        self.archive.update(p, self.population)
-        self._to_diagnose.append(p.id)
-        if p.source in ("llm_diff", "llm_full", "llm_crossover") and repair.is_build_failure(d):
-            self._build_failed.append(p)
+        if tag is None:
+            self.archive.update(p, self.population)
+            self._to_diagnose.append(p.id)  # a re-measure teaches the diagnosis nothing the first one did not
+            if p.source in ("llm_diff", "llm_full", "llm_crossover") and repair.is_build_failure(d):
+                self._build_failed.append(p)
         self._emit("evaluation_finished", evaluation_id=eid, program_id=p.id, level_reached=result.level_reached,
                    verdict=result.verdict, median_ms=result.median_ms if result.passed else None,
                    speedup=result.speedup if result.passed else None, badge=result.badge, reason=result.reason,
-                   flagged=result.flagged, oracle=result.oracle)
-        if p.fitness is not None and p.source != "seed" and (self._best is None or p.fitness > self._best):
-            previous = self.population.best([q for q in self.population.scored() if q.id != p.id])
-            self._best = p.fitness
-            self._emit("new_best", program_id=p.id, median_ms=result.median_ms, speedup=p.fitness,
-                       evaluation_id=eid,
-                       previous_median_ms=(previous.result or {}).get("median_ms") if previous else None)
+                   flagged=result.flagged, oracle=result.oracle, **({"remeasure": tag["purpose"]} if tag else {}))
+        if tag is not None:
+            self._record_verdict(p, eid, tag)
+        self._announce_best(p, result, eid)
+
+    def _record_verdict(self, p: ProgramView, eid: int, tag: dict[str, Any]) -> None:
+        v = remeasure.judge(p, purpose=str(tag["purpose"]), claimed=tag.get("claimed"), evaluation_id=eid)
+        self._verdicts[p.id] = v
+        if v.held:
+            self.population.held_back.discard(p.id)
+        else:
+            self.population.held_back.add(p.id)
+        # Its fitness is the re-measured one now, maybe lower: the cells' elites are chosen again.
+        self.archive = Archive.rebuild(self.population)
+        self._log(f"program {p.id} ({p.name}) measured again before {WHY[v.purpose]} (evaluation {eid}): "
+                  f"{v.reason}: " + ("its advantage holds" if v.held else "its advantage does not hold, not promoted"),
+                  "info" if v.held else "warning")
+
+    def _awaits_check(self, p: ProgramView) -> bool:
+        """Whether announcing ``p`` as the run's best waits for it to be measured again (search/remeasure.py)."""
+        return self.config.remeasure.bests and self._can_remeasure and remeasure.claims(p) \
+            and p.id not in self._verdicts
+
+    def _announce_best(self, p: ProgramView, result: EvalResult, eid: int) -> None:
+        """The new_best event when ``p`` beats every program announced before (and, where its claim over the seed
+        is to be checked, once it held)."""
+        if p.fitness is None or p.source == "seed" or p.id in self.population.held_back \
+                or (self._best is not None and p.fitness <= self._best) or self._awaits_check(p):
+            return
+        previous = self.population.best([q for q in self.population.scored() if q.id != p.id])
+        self._best = p.fitness
+        self._emit("new_best", program_id=p.id, median_ms=result.median_ms, speedup=p.fitness,
+                   evaluation_id=eid,
+                   previous_median_ms=(previous.result or {}).get("median_ms") if previous else None)
+
+    def _evaluations_left(self) -> bool:
+        """Whether the run may start one more evaluation the search chose itself (a re-measure)."""
+        if self._stop.is_set() or self._hard_stopping():
+            return False
+        limit = self.config.budget.evaluations
+        if limit is not None and self.budget.evaluations_used() >= limit:
+            if not self._budget_noted:
+                self._budget_noted = True
+                self._log(f"evaluation budget spent ({limit}): programs that claim to beat the seed are no longer "
+                          "measured again, so they are not promoted", "warning")
+            return False
+        return True
+
+    def _confirm_best(self) -> None:
+        """Measure the run's best again while it claims to beat the seed and has not been checked; one that does
+        not hold is held back, and the next best is checked in turn."""
+        if not (self.config.remeasure.bests and self._can_remeasure):
+            return
+        while True:
+            b = self.population.best()
+            if b is None or not self._awaits_check(b) or not self._evaluations_left():
+                return
+            self._evaluate([b], "best")
+            if b.id not in self._verdicts:
+                return  # not started (a pause turned into a stop): asked again when the run goes on
+
+    def _check_migrants(self, moves: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
+        """The moves whose migrant may go: it must beat the seed, measured again beside it (once per program); a
+        move whose migrant does not, or whose advantage does not hold, is dropped and recorded."""
+        if not moves or not (self.config.remeasure.migrants and self._can_remeasure):
+            return moves
+        todo: list[ProgramView] = []
+        for m in moves:
+            p = self.population.programs[m["program_id"]]
+            if remeasure.claims(p) and p.id not in self._verdicts and p.id not in {q.id for q in todo}:
+                todo.append(p)  # a migrant that does not claim to beat the seed has no advantage to check
+        if todo and self._evaluations_left():
+            self._evaluate(todo, "migrant")
+        kept: list[dict[str, Any]] = []
+        for m in moves:
+            p = self.population.programs[m["program_id"]]
+            v = self._verdicts.get(p.id)
+            if v is not None and not v.held:
+                why = f"its advantage did not hold when measured again ({v.reason})"
+            elif not remeasure.claims(p):
+                # A migrant seeds another island with what it does better than the seed; one that does not beat
+                # it has nothing to carry (and its measured lead over its island's others may be luck).
+                why = f"it does not beat the seed ({p.fitness:.3f}x)" if p.fitness is not None else "no fitness"
+            elif v is None:
+                why = "it could not be measured again (evaluation budget spent or the run stopping)"
+            else:
+                kept.append(m)
+                continue
+            self._refused.append({**m, "reason": why})
+            self._log(f"migration after generation {generation}: program {p.id} island {m['from']}->{m['to']} not "
+                      f"copied: {why}", "warning")
+        return kept
 
     # ------------------------------------------------------------------------------------------- round end
     def _close_rounds(self) -> None:
@@ -883,7 +1041,9 @@ class SearchEngine:
         self.diagnoser.diagnose(self.population, self._to_diagnose, generation)  # before the meta-summary reads
         self._to_diagnose = []
         if islands_mod.due(generation, cfg.islands):
-            moves = islands_mod.migrate(self.population, generation, cfg.islands)
+            moves = self._check_migrants(islands_mod.plan(self.population, generation, cfg.islands), generation)
+            islands_mod.apply(self.population, moves)
+            self._confirm_best()  # a migrant held back may have been the best
             self._migrations.extend(moves)
             if moves:
                 self._log(f"migration after generation {generation}: " + ", ".join(
@@ -904,6 +1064,9 @@ class SearchEngine:
         self.store.put_meta(self._rid, "state", {
             "generation_done": self._gen_done, "phase": self.phase.state.to_dict(),
             "migrations": self._migrations, "meta_summary": self._meta_summary,
+            "topology": [list(e) for e in islands_mod.edges(self.config.islands)],
+            "refused_migrations": self._refused,
+            "remeasures": [v.to_dict() for v in self._verdicts.values()],
             "wall_s": self._budget.wall_used() if self._budget is not None else self._wall_before,
             "llm_exhausted": self._llm_out, "empty_rounds": self._empty_rounds,
             "llm_budget": [self.config.budget.llm_dollars, self.config.budget.llm_tokens],
@@ -921,4 +1084,6 @@ class SearchEngine:
             duplicates_skipped=self.counters["duplicates_skipped"],
             novelty_rejected=self.counters["novelty_rejected"], reruns=self.counters["reruns"],
             prebuilds=self.executor.prebuilds,
-            llm_dollars=self.store.llm_dollars(self.run_id) if self.run_id is not None else 0.0)
+            llm_dollars=self.store.llm_dollars(self.run_id) if self.run_id is not None else 0.0,
+            remeasures=sum(1 for e in evs if (e.get("request") or {}).get(remeasure.REQUEST_KEY)),
+            held_back=len(self.population.held_back))

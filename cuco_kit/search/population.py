@@ -93,6 +93,11 @@ class Population:
         self.reference_ms: float | None = None  # the seed's median, when measured
         self.extra_members: dict[int, set[int]] = {}  # island -> program ids migrated in
         self.island_api: dict[int, str] = {}  # island -> its API type, for islands that have one
+        # Islands that start from programs of their own (IslandConfig.initial_programs): the roots are not members.
+        self.seeded_islands: set[int] = set()
+        # Programs whose advantage did not hold when measured again (search/remeasure.py): never promoted (the
+        # best, the top few, migrants), still possible parents.
+        self.held_back: set[int] = set()
 
     # -- building -------------------------------------------------------------------------------------------
     def add(self, p: ProgramView) -> ProgramView:
@@ -156,24 +161,42 @@ class Population:
         return [p for p in self.all() if p.source != "seed" and LINEAGE_TAG not in p.tags]
 
     def island_members(self, island: int) -> list[ProgramView]:
-        """Programs placed on the island (and the roots), of its API type when it has one, and those migrated in."""
+        """Programs placed on the island (and the roots, unless it starts from programs of its own), of its API type
+        when it has one, and those migrated in."""
         extra = self.extra_members.get(island, set())
         api = self.island_api.get(island)
+        roots = island not in self.seeded_islands
         return [p for p in self.evolvable()
-                if p.id in extra or ((p.island == island or p.source in ROOT_SOURCES) and (not api or p.api == api))]
+                if p.id in extra or ((p.island == island or (roots and p.source in ROOT_SOURCES))
+                                     and (not api or p.api == api))]
+
+    def island_start(self, island: int) -> list[ProgramView]:
+        """What the island's first parent is drawn from while none of its members has a fitness: its own starting
+        programs when it has them, else the roots."""
+        if island in self.seeded_islands:
+            extra = self.extra_members.get(island, set())
+            own = [p for p in self.evolvable() if (p.island == island or p.id in extra) and p.generation == 0
+                   and p.source not in ROOT_SOURCES]
+            if own:
+                return own
+        return self.roots()
 
     def scored(self, programs: Iterable[ProgramView] | None = None) -> list[ProgramView]:
         """Programs with a fitness (passed, not flagged), in id order."""
         src = self.evolvable() if programs is None else programs
         return [p for p in src if p.fitness is not None]
 
+    def promotable(self, programs: Iterable[ProgramView] | None = None) -> list[ProgramView]:
+        """Scored programs that may be promoted (not held back by a re-measure), in id order."""
+        return [p for p in self.scored(programs) if p.id not in self.held_back]
+
     def best(self, programs: Iterable[ProgramView] | None = None) -> ProgramView | None:
-        scored = self.scored(programs)
+        scored = self.promotable(programs)
         # Ties go to the earlier program, so the best never flips on equal numbers.
         return max(scored, key=lambda p: (p.fitness, -p.id)) if scored else None
 
     def top(self, k: int, programs: Iterable[ProgramView] | None = None) -> list[ProgramView]:
-        return sorted(self.scored(programs), key=lambda p: (-(p.fitness or 0.0), p.id))[:k]  # scored: never None
+        return sorted(self.promotable(programs), key=lambda p: (-(p.fitness or 0.0), p.id))[:k]  # never None
 
     def children_of(self, program_id: int) -> list[ProgramView]:
         return [p for p in self.all() if p.parent_id == program_id or p.second_parent_id == program_id]

@@ -43,7 +43,10 @@ def test_an_offline_search_of_72_points_ends_with_design_space_exhausted(
         programs = st.programs(summary["run_id"])
         points = {tuple(sorted(p["knobs"].items())) for p in programs if p["source"] != "seed"}
         assert len(points) == space  # every point of the space, the baseline's included, once
-        assert len(st.evaluations(summary["run_id"])) == space + 1  # and the seed
+        # and the seed, and the checks of programs promoted over the seed (search/remeasure.py)
+        evs = st.evaluations(summary["run_id"])
+        assert len(evs) == space + 1 + summary["remeasures"]
+        assert sum("remeasure" in e["request"] for e in evs) == summary["remeasures"]
 
 
 class _Repeats:

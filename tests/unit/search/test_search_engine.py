@@ -57,8 +57,10 @@ def test_run_records_everything_and_crosses_placements(workload: Path) -> None:
     assert [p["source"] for p in progs[:2]] == ["seed", "baseline"]
     evs = store.evaluations(run_id=eng.run_id)
     assert all(e["badge"] == "simulated" and e["status"] == "done" for e in evs)
-    # every evaluated program has exactly one evaluation; every proposal was decided with its program linked
-    assert sorted(e["program_id"] for e in evs) == [p["id"] for p in progs]
+    # every evaluated program has exactly one evaluation (and those promoted over the seed one re-measure each);
+    # every proposal was decided with its program linked
+    assert sorted(e["program_id"] for e in evs if "remeasure" not in e["request"]) == [p["id"] for p in progs]
+    assert len({e["program_id"] for e in evs if "remeasure" in e["request"]}) == s.remeasures
     for prop in store.proposals(eng.run_id):
         assert prop["status"] in ("approved", "rejected")
         if prop["status"] == "approved":
@@ -86,6 +88,7 @@ def test_manual_gate_waits_and_engine_keeps_evaluating(workload: Path) -> None:
     store = Store(":memory:")
     cfg = SearchConfig(seed=5, gate="manual", max_pending=4, proposals_per_generation=2, idle_poll_s=0.02,
                        budget=BudgetConfig(generations=2))
+    cfg.remeasure.bests = cfg.remeasure.migrants = False  # the counts below are one evaluation per approved program
     eng = SearchEngine(workload, store, SimulatedEvaluator(seed=1, delay_s=0.05), [DesignSpaceSource()], cfg,
                        EventBus())
     eng.start()
@@ -169,6 +172,7 @@ def test_llm_dollar_budget_counts_evaluation_side_calls(workload: Path) -> None:
     cfg = SearchConfig(seed=2, proposals_per_generation=1, budget=BudgetConfig(generations=50, llm_dollars=1.5))
     cfg.phases.explore.mix = cfg.phases.exploit.mix = {"diff": 1.0}
     cfg.novelty.enabled = False  # the scripted diffs differ in one number: the filter would drop them
+    cfg.remeasure.bests = cfg.remeasure.migrants = False  # the sums below count one judged evaluation per program
     eng = SearchEngine(workload, store, _EvaluatorWithLLM(seed=1), [LLMSource(client)], cfg)
     eng.run()
     spent = store.llm_dollars(eng.run_id)
