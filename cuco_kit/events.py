@@ -12,13 +12,15 @@ optional, and publishers may add more):
                          proposal_id, decision ("approved" | "rejected" | "edited"), by ("auto" or a person);
                          optional: program_id, note.
 ``evaluation_started``   an evaluation was stored as in flight.
-                         evaluation_id, program_id, world_size, backend, badge.
+                         evaluation_id, program_id, world_size, backend, badge; optional: remeasure ("best" |
+                         "migrant": a program measured again before that promotion, search/remeasure.py).
 ``evaluation_progress``  a step inside an evaluation (the evaluator's Progress dict, flattened).
                          evaluation_id; optional: program_id, level ("L0".."L3"), rank, step, done, total; from
                          a slot executor, steps slot_start / slot_done / slot_lost with slot, slot_label, gpus.
 ``evaluation_finished``  an evaluation's result was committed.
                          evaluation_id, program_id, level_reached, verdict, median_ms, speedup, badge
-                         (median_ms and speedup are None when it did not pass); optional: reason, flagged.
+                         (median_ms and speedup are None when it did not pass); optional: reason, flagged,
+                         remeasure (as for evaluation_started).
 ``new_best``             the run's best passing program changed.
                          program_id, median_ms, speedup; optional: evaluation_id, previous_median_ms.
 ``run_state``            a run started, paused, resumed, stopped or finished.

@@ -1026,8 +1026,9 @@ class SearchEngine:
                 kept.append(m)
                 continue
             self._refused.append({**m, "reason": why})
+            # Keeping home a migrant that never claimed to beat the seed is the rule at work, not news.
             self._log(f"migration after generation {generation}: program {p.id} island {m['from']}->{m['to']} not "
-                      f"copied: {why}", "warning")
+                      f"copied: {why}", "warning" if remeasure.claims(p) or v is not None else "info")
         return kept
 
     # ------------------------------------------------------------------------------------------- round end
