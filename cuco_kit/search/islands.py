@@ -28,7 +28,7 @@ from cuco_kit.errors import BadInput
 from cuco_kit.search.api_type import api_type, check_api
 from cuco_kit.search.population import Population, ProgramView
 from cuco_kit.search.start_point import read_start
-from cuco_kit.source_file import read_text
+from cuco_kit.source.source_file import read_text
 
 TOPOLOGIES = ("ring", "star", "full")
 # A system-prompt file is prose a person wrote; anything larger is not one (and would crowd out the program).
