@@ -5,7 +5,10 @@ islands), draw a mutation kind from the phase's mix, select a parent on that isl
 serves the kind; design-space slots with the same parent share one Optuna study (so constant-liar sampling
 spreads them). Proposals are de-duplicated by code hash, filtered for novelty, stored, and passed through the
 approval gate; approved ones become programs (stored before any is evaluated), then the executor evaluates
-them, and the generation ends with migration, phase switching and, now and then, the meta-summary.
+them, and the generation ends with migration, phase switching and, now and then, the meta-summary. A program
+about to be announced as the run's best over the seed, or copied as a migrant, is measured again beside the seed
+first and promoted only if its advantage holds (search/remeasure.py; the policy is here, the store only keeps the
+evaluations).
 
 When a search ends: a budget is spent (generations, wall time, evaluations, LLM dollars), ``stop()`` is called, a
 program beats ``SearchConfig.target_ratio`` with its interval clear of it (search/target.py), or it has nothing new
