@@ -5,7 +5,8 @@
 # STEP is one of
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
 #   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
-#   gpu_quick timing_races race_catch llm_search host_nccl import_shapes throughput launch_bias exercise
+#   gpu_quick timing_races race_catch llm_search host_nccl import_shapes throughput launch_bias exercise gin
+#   bounded_waits
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -27,7 +28,8 @@
 #  GPU-hour and the phase table, every part in one run ($GIT_REV names the revision in its tables); launch_bias:
 #  the launch-bias table with its intervals, checked by its gpu test; exercise: the 05_teaching exercise's hidden
 #  answers evaluated at 2 symm ranks, the pass mark set and exercise-recording.json + .md written (copy them to
-#  recordings/ to commit), then its gpu test grading a right and two wrong answers)
+#  recordings/ to commit), then its gpu test grading a right and two wrong answers; gin: the GIN variant at 2 and 4 symm ranks, its three
+#  wrong twins and the fast path's GIN branch; bounded_waits: a flag nobody raises ends in a verdict naming it)
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
 # runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` =
 # what is left minus a margin, so it stops starting evaluations in time to write its JSON; steps that no longer
@@ -72,6 +74,8 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     import_shapes)   echo "$PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_import_shapes_gpu.py" ;;
     throughput)      echo "$PY benchmarks/executors/gpu_slots.py --out $3 --budget-s $2 ${GIT_REV:+--git $GIT_REV}" ;;
     exercise)        echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_exercise_gpu.py" ;;
+    gin)             echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_gin_gpu.py" ;;
+    bounded_waits)   echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_bounded_waits_gpu.py" ;;
     launch_bias)     echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py" ;;
     *)               return 1 ;;
   esac
