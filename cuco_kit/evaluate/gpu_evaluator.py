@@ -65,6 +65,17 @@ from cuco_kit.workload import Workload, load_workload, workload_fingerprint
 LEVEL_ORDER = {"L0": 0, "L1": 1, "L2": 2, "L3": 3}
 
 
+def start_delay_us(floor_us: float, step_share: float, seed_step_ms: float | None) -> float:
+    """J, the late rank's start delay (rank/perturb.py), for one candidate's command: ``floor_us``, or
+    ``step_share`` of the seed's step when that is longer (0 stays off). A consumer that does not wait reads a late
+    rank's data only after the work it does first (at two ranks a GEMM over its own rows, half a step), so the late
+    rank shows the race only when it starts later than that: a fixed J of a few hundred microseconds hides every
+    such race in a millisecond step."""
+    if floor_us <= 0 or seed_step_ms is None or step_share <= 0:
+        return max(floor_us, 0.0)
+    return max(floor_us, step_share * seed_step_ms * 1000.0)
+
+
 @dataclass
 class EvaluatorConfig:
     """Knobs of the GPU evaluator; the defaults are the design's numbers."""
@@ -78,6 +89,7 @@ class EvaluatorConfig:
     mps_thread_percentage: int | None = None  # per rank; None = round(100 / world)
     # Race amplification of the L2 trials at world > 1 (docs/timing.md says what each one catches and costs).
     jitter_us: float = 200.0  # J: the late rank starts J..2J after the device barrier, the others within J (0: off)
+    jitter_step_share: float = 1.0  # ... and J is at least this share of the seed's step (start_delay_us)
     stress: bool = True  # L2 trials on the stress build (random pauses in the runtime's signalling primitives)
     stress_max_delay_us: float = 50.0  # longest pause after a signal / before a wait returns
     stress_permille: int = 500  # chance of a pause per call, in 1/1000
@@ -473,8 +485,11 @@ class GpuEvaluator:
         limit = self.cfg.seed_step_limit_s
         if seed_res is not None and seed_res.median_ms is not None:
             limit = max(self.cfg.min_step_limit_s, self.cfg.step_limit_factor * seed_res.median_ms / 1000.0)
+        jitter_us = start_delay_us(self.cfg.jitter_us, self.cfg.jitter_step_share,
+                                   seed_res.median_ms if seed_res is not None else None)
+        prov["late_start_us"] = round(jitter_us, 1)
         cmd = dict(base_cmd, so_path=str(so), role="candidate", step_limit_s=limit, timeline=req.timeline,
-                   timeline_iters=req.timeline_iters)
+                   timeline_iters=req.timeline_iters, jitter_us=jitter_us)
         if self.cfg.stop_rel_ci is not None:
             cmd["stop"] = {"min_iters": self.cfg.stop_min_iters, "rel_ci": self.cfg.stop_rel_ci}
         if stress_so is not None:

@@ -1,6 +1,6 @@
 """Bounded waits on a real GPU (H200): a candidate whose kernel waits, through the runtime's cuco_wait, on a flag no
 rank raises (tests/data/adversarial/waits_on_unraised_flag.cu) gets a verdict naming the flag within the step limit,
-and the same warm world (the same rank processes, no new start) evaluates the next candidate: at 2 `symm` ranks
+and the same warm worlds (the same rank processes, no new start) evaluates the next candidate: at 2 `symm` ranks
 (its L2 trials on the stress build) and at 1 `nccl` rank (the capture pass first). A spin the candidate writes
 itself (spins_forever.cu) is still the watchdog's: the world is started again."""
 from __future__ import annotations
@@ -30,11 +30,9 @@ def _eval(evaluator: GpuEvaluator, source: Path, backend: str, world: int) -> Ev
                                           world_size=world, backend=backend, iters=5, trials=2, label=source.name))
 
 
-def _world(evaluator: GpuEvaluator) -> tuple[WorkerGroup, list[object]]:
-    """The evaluator's one warm world and its rank processes' pids."""
-    groups = list(evaluator.pool.groups.values())
-    assert len(groups) == 1, f"{len(groups)} warm worlds"
-    return groups[0], [i.get("pid") for i in groups[0].info]
+def _worlds(evaluator: GpuEvaluator) -> dict[str, tuple[WorkerGroup, list[object]]]:
+    """The evaluator's warm worlds (under symm also the race-check size's) and their rank processes' pids."""
+    return {key: (g, [i.get("pid") for i in g.info]) for key, g in evaluator.pool.groups.items()}
 
 
 @pytest.mark.timeout(420)
@@ -44,7 +42,8 @@ def test_a_flag_nobody_raises_ends_in_a_verdict_naming_it_in_the_same_world(eval
     evaluator.pool.close()  # this case's world only
     warm = _eval(evaluator, WL / "device_lsa.cu", backend, world)
     assert warm.verdict == "pass", f"{warm.verdict}: {warm.reason}"
-    group, pids = _world(evaluator)
+    worlds = _worlds(evaluator)
+    assert worlds
     starts, recycles = evaluator.pool.starts, list(evaluator.pool.recycles)
 
     hung = _eval(evaluator, ADV / "waits_on_unraised_flag.cu", backend, world)
@@ -57,12 +56,12 @@ def test_a_flag_nobody_raises_ends_in_a_verdict_naming_it_in_the_same_world(eval
     limit = float(hung.provenance["step_limit_s"])
     assert 0 < waited <= limit + WAIT_ABORT_GRACE_S, (waited, limit)
     assert evaluator.pool.starts == starts and evaluator.pool.recycles == recycles, evaluator.pool.recycles
-    assert _world(evaluator) == (group, pids) and group.alive()
+    assert _worlds(evaluator) == worlds and all(g.alive() for g, _ in worlds.values())
 
     after = _eval(evaluator, WL / "device_lsa.cu", backend, world)
     assert after.verdict == "pass", f"{after.verdict}: {after.reason}"
     assert after.provenance["warm_workers"] is True
-    assert evaluator.pool.starts == starts and _world(evaluator) == (group, pids)
+    assert evaluator.pool.starts == starts and _worlds(evaluator) == worlds
     evaluator.pool.close()
 
 

@@ -670,9 +670,10 @@ class _Evaluation:
                     self.waits_aborted = True
                     deadline = time.monotonic() + WAIT_ABORT_GRACE_S
                     continue
-                self.h.chan.note_failure(f"{what} did not finish within {limit_s:.2f} s")
                 after = ("; it still ran after the runtime's waits were told to give up: a spin of its own"
                          if self.waits_aborted else "")
+                # the note reaches the parent even when this process is killed before its verdict does
+                self.h.chan.note_failure(f"{what} did not finish within {limit_s:.2f} s{after}")
                 raise CandidateFailure("L2" if "trial" in what or "capture" in what else "L3",
                                        f"timeout: rank {self.h.rank}: {what} did not finish within {limit_s:.2f} s "
                                        f"(watchdog: the step hangs{after})", fatal=True)

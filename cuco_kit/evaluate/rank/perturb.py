@@ -7,7 +7,8 @@ each rank in turn (``(trial + seed) % world``); the others run unperturbed, so t
 their output snapshot) while the late rank's work is still in flight. What makes the late rank late:
 
   jitter        its stream starts after everyone else's: the others draw a delay in [0, J], it draws one in
-                [J, 2J] (J = the command's ``jitter_us``). Catches a consumer that does not wait at all.
+                [J, 2J] (J = the command's ``jitter_us``: the evaluator's floor, or its share of the seed's step
+                when that is longer: gpu_evaluator.start_delay_us). Catches a consumer that does not wait at all.
   stress        its pauses inside the runtime's primitives (runtime/cuco_stress.h, the stress build): after a
                 signal and before a wait returns. Catches flags raised too early, waits that cover too little,
                 but only for candidates that signal through the runtime.

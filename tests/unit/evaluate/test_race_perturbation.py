@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from cuco_kit.evaluate.gpu_evaluator import start_delay_us
 from cuco_kit.evaluate.rank import perturb as P
 from cuco_kit.evaluate.rank.harness import _Evaluation
 
@@ -193,3 +194,12 @@ def test_a_failed_launch_is_a_harness_error(fail: str, what: str) -> None:
                        interference=P.Interference(offset_ns=0, hold_ns=20_000, blocks=4, seed=1))
     with pytest.raises(RuntimeError, match=f"{what} launch failed: cudaError\\(700\\)"):
         _perturbing(_Helpers(fail=fail))._perturb(plan)
+
+
+def test_the_late_start_grows_with_the_seeds_step_and_stays_off_when_off() -> None:
+    assert start_delay_us(200.0, 1.0, 0.05) == 200.0  # a 50 us step: the floor
+    assert start_delay_us(200.0, 1.0, 1.6) == 1600.0  # a 1.6 ms step: a consumer's own-rows GEMM is hidden no more
+    assert start_delay_us(200.0, 0.5, 1.6) == 800.0
+    assert start_delay_us(200.0, 1.0, None) == 200.0  # no seed time yet
+    assert start_delay_us(0.0, 1.0, 1.6) == 0.0  # the delay off stays off
+    assert start_delay_us(200.0, 0.0, 1.6) == 200.0
