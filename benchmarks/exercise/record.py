@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None, evaluator: Any = None) -> int:
     finally:
         if own:
             evaluator.close()
+    return write_recording(results, args.out)
+
+
+def write_recording(results: dict[str, list[dict[str, Any]]], out: Path) -> int:
+    """Set the mark from `results` (evaluate_all's) and write the recording and its table into `out`; 0 when
+    written and every answer graded as EXPECTED says, 1 otherwise (no recording without a mark)."""
     ref, serial = median_fraction(results[REFERENCE]), median_fraction(results[SERIAL])
     if ref is None or serial is None or ref - serial < MIN_SEPARATION:
         print(f"no pass mark: reference {ref}, {SERIAL} {serial} are not {MIN_SEPARATION} apart; nothing written",
@@ -117,11 +123,11 @@ def main(argv: list[str] | None = None, evaluator: Any = None) -> int:
               "gpu": prov.get("gpu"), "driver": prov.get("driver"), "date": date,
               "world_size": ex.ExerciseConfig().world_size, "backend": ex.ExerciseConfig().backend,
               "preset": ex.ExerciseConfig().preset, "mark": mark, "mark_rule": rule, "answers": answers}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / ex.RECORDING.name).write_text(json.dumps(record, indent=1, sort_keys=True))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ex.RECORDING.name).write_text(json.dumps(record, indent=1, sort_keys=True))
     table = "\n".join([f"# Exercise recording ({prov.get('gpu')}, {date[:10]})", "", f"Pass mark {mark:.2f}: {rule}.",
                        "", *lines, ""])
-    (args.out / ex.RECORDING.with_suffix(".md").name).write_text(table)
+    (out / ex.RECORDING.with_suffix(".md").name).write_text(table)
     print(table)
     for b in bad:
         print(f"UNEXPECTED: {b}", file=sys.stderr)

@@ -577,8 +577,21 @@ class GpuEvaluator:
         return merge_replies(replies, logs)
 
     def _after_fault(self, req: EvalRequest, notes: list[str]) -> None:
-        if req.backend == "symm" and self._mps is not None:
-            notes.append(self._mps.recover())
+        """After a timeout or a fatal reply: check the MPS server and, where a symm world's ranks were killed,
+        replace every other symm world too (the race-check size's among them). Their contexts share the server
+        with the killed one and can be left broken by it (a later command then fails with a CUDA error that is
+        not the candidate's); a wait that ended in a verdict killed nothing and keeps its worlds warm."""
+        if req.backend != "symm" or self._mps is None:
+            return
+        notes.append(self._mps.recover())
+        groups = self.pool.groups
+        killed = [k for k, g in groups.items() if _backend_of(k) == "symm" and (g.broken or not g.alive())]
+        beside = [k for k in groups if _backend_of(k) == "symm" and k not in killed]
+        if killed and beside:
+            for key in beside:
+                self.pool.discard(key, reason="a symm world beside it under the same MPS server was killed")
+            notes.append(f"replaced {len(beside)} other warm symm world(s) under the same MPS server: a killed "
+                         "world can leave their CUDA contexts broken")
 
     def _base_provenance(self, req: EvalRequest) -> dict[str, Any]:
         gpus = self._detect()
@@ -588,6 +601,11 @@ class GpuEvaluator:
                 "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                 "world": req.world_size, "backend": req.backend,
                 "cuda_visible_devices": self.cfg.visible_devices, "python": sys.version.split()[0]}
+
+
+def _backend_of(world_key: str) -> str:
+    """The backend a pool key of GpuEvaluator._world_key names (its last field)."""
+    return str(json.loads(world_key)[-1])
 
 
 # How a rank's reason says it stopped because another rank failed (rank/harness.py): "a peer failed in ...",

@@ -310,11 +310,14 @@ class WorkerPool:
                             f"worlds without one. {g.isolation.note}")
         return g
 
-    def discard(self, key: str) -> None:
+    def discard(self, key: str, reason: str | None = None) -> None:
+        """Close the world of ``key``; a ``reason`` counts it among the recycled worlds (``recycles``)."""
         with self.lock:
             g = self.groups.pop(key, None)
             if g is not None:
                 g.close()
+                if reason:
+                    self.recycles.append(reason)
 
     def close(self) -> None:
         with self.lock:

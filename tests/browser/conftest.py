@@ -33,6 +33,8 @@ ARTIFACTS = ROOT / "test-artifacts"
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TAG_ENV = "CUCO_BROWSER_TEST_TAG"
+SCROLL_TO_JS = ("(sel) => { const e = document.querySelector(sel); if (!e) return false; "
+                "e.scrollIntoView({block: 'center'}); return true; }")
 VIEWPORT = {"width": 1280, "height": 800}  # what a laptop shows; plots must read at this size
 
 KERNEL_IDLE_JS = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget; "
@@ -117,10 +119,16 @@ class Lab:
         return list(page.evaluate(RED_BOXES_JS))
 
     @staticmethod
+    def scroll_to(page: Any, selector: str) -> None:
+        """Scroll the first element matching `selector` into view, found again at each poll: a live plot is
+        redrawn, so a held element handle can detach from the page between two steps."""
+        page.wait_for_function(SCROLL_TO_JS, arg=selector, timeout=60_000, polling=250)
+
+    @staticmethod
     def shot(page: Any, name: str, at: str | None = None) -> Path:
         """A screenshot of the viewport, scrolled to the first element matching the selector `at`."""
         if at is not None:
-            page.locator(at).first.scroll_into_view_if_needed()
+            Lab.scroll_to(page, at)
         ARTIFACTS.mkdir(exist_ok=True)
         path = ARTIFACTS / f"browser-{name}.png"
         page.screenshot(path=str(path), full_page=True)

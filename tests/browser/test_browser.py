@@ -402,7 +402,7 @@ def test_06_your_kernel_stops_at_each_review_then_reject_edit_approve_and_search
         _exact_button(stepper, "Approve").click()
 
         wait_for("() => document.body.innerText.includes('Search started from the approved result')", 180)
-        page.locator(".js-plotly-plot").first.scroll_into_view_if_needed(timeout=60_000)
+        lab.scroll_to(page, ".js-plotly-plot")
         wait_for(f"() => {{ const t = ({LINEAGE_TRACES_JS})(); return t && "
                  "t['fast-path stage'] >= 2 && (t['passed'] || 0) >= 1; }", 120)
         lab.shot(page, "06_your_kernel", at=".js-plotly-plot")

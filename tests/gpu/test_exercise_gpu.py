@@ -3,17 +3,20 @@ answer that waits for everything first grades correct but below the mark, one wi
 same results graded from a recording (no GPU) agree. The mark is set as benchmarks/exercise/record.py sets it:
 halfway between the reference and the serial answer, measured here.
 
-With CUCO_RECORD_DIR set (device_samples.sh exercise), the first test records the exercise there with record.py
-(its own evaluator, closed before this module's starts) and checks what it wrote."""
+Every hidden answer is evaluated once, in this module's warm evaluator (record.evaluate_all). With CUCO_RECORD_DIR
+set (device_samples.sh exercise; gpu_tier.py --record), those same results are written there as the recording
+(record.write_recording) and what it wrote is checked."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cuco_kit.evaluate.api import EvalResult
 from cuco_kit.evaluate.device import gpu_present
 from cuco_kit.evaluate.overlap import from_timeline
 from cuco_kit.workbench import exercise as ex
@@ -21,28 +24,33 @@ from cuco_kit.workbench import exercise as ex
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks" / "exercise"))
 from answers import ANSWERS  # noqa: E402 - the hidden answers live beside the recording script
-from record import MIN_SEPARATION  # noqa: E402
-from record import main as record_main  # noqa: E402
+from record import MIN_SEPARATION, evaluate_all, write_recording  # noqa: E402
 
 pytestmark = [pytest.mark.serial, pytest.mark.skipif(not gpu_present(), reason="needs an NVIDIA GPU"),
               pytest.mark.timeout(600)]
+FIELDS = set(EvalResult.__dataclass_fields__)
+
+
+@pytest.fixture(scope="module")
+def runs(evaluator) -> dict[str, list[dict[str, Any]]]:
+    """Every hidden answer evaluated once here (the record script's form: result dicts without logs)."""
+    return evaluate_all(1, evaluator)
+
+
+@pytest.fixture(scope="module")
+def results(runs) -> dict[str, EvalResult]:
+    return {name: EvalResult.from_dict({k: v for k, v in r[-1].items() if k in FIELDS}) for name, r in runs.items()}
 
 
 @pytest.mark.skipif(not os.environ.get("CUCO_RECORD_DIR"), reason="records only with CUCO_RECORD_DIR set")
-def test_record_the_exercise():
+def test_record_the_exercise(runs):
     out = Path(os.environ["CUCO_RECORD_DIR"])
-    assert record_main(["--out", str(out)]) == 0
+    assert write_recording(runs, out) == 0
     rec = ex.load_recording(out / ex.RECORDING.name)
     assert rec is not None and 0.0 < rec["mark"] < 1.0 and len(rec["answers"]) == len(ANSWERS)
     assert ex.grade_from_recording(ANSWERS["reference"], rec).passed
     assert not ex.grade_from_recording(ANSWERS["no_wait"], rec).correct
     assert "launch_wait" not in json.dumps(rec)  # answers are keyed by hash, never by their text
-
-
-@pytest.fixture(scope="module")
-def results(evaluator):
-    return {name: evaluator.evaluate(ex.request(ANSWERS[name]))
-            for name in ("reference", "waits_for_everything_first", "no_wait")}
 
 
 def _fraction(res) -> float:
@@ -73,7 +81,8 @@ def test_the_same_answers_grade_alike_from_a_recording(results):
                  "mark_rule": "midpoint, measured here",
                  "answers": {ex.answer_key(ANSWERS[n]): {"label": n, "result": r.to_dict()}
                              for n, r in results.items()}}
-    for name, res in results.items():
+    for name in ("reference", "waits_for_everything_first", "no_wait"):
+        res = results[name]
         live = ex.grade_result(res, mark=recording["mark"])
         replayed = ex.grade_from_recording(ANSWERS[name], recording)
         assert replayed.badge == "replayed" and (replayed.correct, replayed.passed) == (live.correct, live.passed)

@@ -10,9 +10,12 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import pytest
 
+from cuco_kit.evaluate.api import EvalRequest
+from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
 from cuco_kit.evaluate.pool import GroupSpec, PoolConfig, WorkerError, WorkerGroup, WorkerPool
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -161,3 +164,39 @@ def test_a_changed_workload_fingerprint_starts_a_new_world(tmp_path: Path, body_
         assert pool.recycles == ["the workload changed since this world started"]
     finally:
         pool.close()
+
+
+class _FakeWorld:
+    """A warm world as the pool holds it: alive unless killed, closed once."""
+
+    def __init__(self, killed: bool = False) -> None:
+        self.broken, self.closed = killed, False
+
+    def alive(self) -> bool:
+        return not self.broken
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _key(size: int, backend: str) -> str:
+    return GpuEvaluator._world_key(EvalRequest(candidate_code="", workload_dir="/w", world_size=2,
+                                               backend=backend), {"N": size})
+
+
+@pytest.mark.parametrize("killed, replaced", [(True, True), (False, False)])
+def test_a_killed_symm_world_takes_the_symm_worlds_beside_it_under_mps_along(tmp_path: Path, killed: bool,
+                                                                             replaced: bool) -> None:
+    """A rank killed mid-kernel under MPS can leave the other clients' contexts broken: after it, every other symm
+    world (the race-check size's) is replaced and counted as recycled; a nccl world keeps going. A wait that ended
+    in a verdict killed nothing, so nothing beside it is replaced."""
+    ev = GpuEvaluator(EvaluatorConfig(scratch_root=tmp_path))
+    ev._mps = NS(recover=lambda: "MPS canary ok after the fault", stop=lambda: None)  # type: ignore[assignment]
+    hung, race, other = _FakeWorld(killed), _FakeWorld(), _FakeWorld()
+    ev.pool.groups = {_key(1024, "symm"): hung, _key(4096, "symm"): race, _key(1024, "nccl"): other}  # type: ignore
+    notes: list[str] = []
+    ev._after_fault(EvalRequest(candidate_code="", workload_dir="/w", world_size=2, backend="symm"), notes)
+    assert notes[0] == "MPS canary ok after the fault"
+    assert race.closed is replaced and (_key(4096, "symm") in ev.pool.groups) is not replaced
+    assert not hung.closed and not other.closed and _key(1024, "nccl") in ev.pool.groups
+    assert len(ev.pool.recycles) == int(replaced) and any("same MPS server" in n for n in notes) is replaced
