@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +34,7 @@ ARTIFACTS = ROOT / "test-artifacts"
 CHROME_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 TAG_ENV = "CUCO_BROWSER_TEST_TAG"
-SCROLL_TO_JS = ("(sel) => { const e = document.querySelector(sel); if (!e) return false; "
-                "e.scrollIntoView({block: 'center'}); return true; }")
+SCROLL_TRIES = 20  # a live plot redrawn between finding it and scrolling: find it again
 VIEWPORT = {"width": 1280, "height": 800}  # what a laptop shows; plots must read at this size
 
 KERNEL_IDLE_JS = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget; "
@@ -122,7 +122,14 @@ class Lab:
     def scroll_to(page: Any, selector: str) -> None:
         """Scroll the first element matching `selector` into view, found again at each poll: a live plot is
         redrawn, so a held element handle can detach from the page between two steps."""
-        page.wait_for_function(SCROLL_TO_JS, arg=selector, timeout=60_000, polling=250)
+        for attempt in range(SCROLL_TRIES):
+            try:
+                page.locator(selector).first.scroll_into_view_if_needed(timeout=60_000)
+                return
+            except PlaywrightError as exc:
+                if "not attached" not in str(exc) or attempt == SCROLL_TRIES - 1:
+                    raise
+                time.sleep(0.25)
 
     @staticmethod
     def shot(page: Any, name: str, at: str | None = None) -> Path:

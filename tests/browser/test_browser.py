@@ -372,8 +372,9 @@ def test_06_your_kernel_stops_at_each_review_then_reject_edit_approve_and_search
         port, reference = page.locator(".cuco-draft-port"), page.locator(".cuco-draft-reference")
         port.get_by_placeholder("why you reject it").fill("look every tensor of the plan up with cuco_tensor")
         _exact_button(port, "Reject").click()
-        port.locator("text=checks passed").wait_for(timeout=60_000)
-        assert "port draft 2" in port.inner_text()  # the second answer is numbered as such
+        # the first draft also said "checks passed": wait for the second, numbered as such, to be checked
+        wait_for("() => { const t = document.querySelector('.cuco-draft-port').innerText; "
+                 "return t.includes('port draft 2') && t.includes('checks passed'); }", 60)
         _exact_button(port, "Approve").click()
         port.locator("text=accepted: written").wait_for(timeout=60_000)
         _exact_button(reference, "Approve").click()
