@@ -34,6 +34,7 @@ class ExerciseCell(W.VBox):
         self._thread: threading.Thread | None = None
         self.button.on_click(lambda _: self.submit())
         super().__init__([*self.boxes.values(), W.HBox([self.button, self.where]), self.result])
+        self.add_class("cuco-exercise")
 
     def _where(self) -> str:
         if self.gpu:

@@ -19,8 +19,7 @@
 #  gpu test, their JSON in the step's archive; race_catch: the race-amplification record alone within 420 s (every
 #  race class with every perturbation on and each alone, honest samples at 1/2/4 ranks, each perturbation's L2 cost;
 #  benchmarks/harness/race_amplification.py) checked by its gpu test, tables in the log, JSON in the archive;
-#  gpu_tier: the whole gpu test tier in at most 540 s (the serial tests' recordings, the exercise's among them, in
-#  record/ of its archive) and gpu_quick its
+#  gpu_tier: the whole gpu test tier in at most 540 s and gpu_quick its
 #  quick form in at most 300 s, both by scripts/remote_gpu/gpu_tier.py (what runs side by side, what alone, and
 #  why: its docstring), their junit files and logs in the step's archive, a per-file summary last; host_nccl: host
 #  NCCL under symm, every sample's seed_nccl.cu at 2 and 4 ranks with its median, every served call against torch,
@@ -68,7 +67,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
     race_catch)      echo "env CUCO_RECORD_DIR=$3 CUCO_RACE_BUDGET_S=$(( $2 < 420 ? $2 : 420 )) $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_race_amplification_gpu.py" ;;
-    gpu_tier)        echo "$PY scripts/remote_gpu/gpu_tier.py --out $3 --record $3/record --budget-s $(( $2 < 540 ? $2 : 540 ))" ;;
+    gpu_tier)        echo "$PY scripts/remote_gpu/gpu_tier.py --out $3 --budget-s $(( $2 < 540 ? $2 : 540 ))" ;;
     gpu_quick)       echo "$PY scripts/remote_gpu/gpu_tier.py --quick --out $3 --budget-s $(( $2 < 300 ? $2 : 300 ))" ;;
     llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;
     host_nccl)       echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_host_nccl_symm_gpu.py" ;;

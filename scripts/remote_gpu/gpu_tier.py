@@ -22,9 +22,6 @@ limit on clients (a few dozen per GPU; about 30 rank processes at most here) and
 --quick (gpu_quick, 300 s): CUCO_GPU_QUICK=1, so the tests and cases marked `slow` are left out and the benchmark
 scripts behind the tests run at their smaller settings (tests/gpu/conftest.py); every file still runs a check.
 
---record DIR: the serial part runs with CUCO_RECORD_DIR=DIR, so the exercise writes its recording there from the
-results it grades (copy exercise-recording.json and .md to recordings/ to commit them).
-
 Writes into --out: gpu-parallel.xml and gpu-serial.xml (junit), each part's output (gpu-<part>.log), the shared
 daemon's log (mps-log/) and gpu_tier.json; prints each part's output with pytest's --durations and, last, one line
 per test file and part (passed, failed, errors, skipped, seconds) and the verdict. Exit code 0 when both passed.
@@ -271,10 +268,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=None, help="pytest-xdist workers of the parallel part")
     ap.add_argument("--serial-reserve-s", type=float, default=None,
                     help="seconds kept for the serial part while the parallel part runs (230; 120 with --quick)")
-    ap.add_argument("--record", type=Path, default=None,
-                    help="the serial tests that record (the exercise, the launch bias) write their JSON here "
-                         "(CUCO_RECORD_DIR, for the serial part only: the parallel part's race amplification would "
-                         "run its longer record form)")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     mode = "quick" if args.quick else "full"
@@ -302,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         notes.append(mps.stop())
     limit = budget - CLOSING_S - (time.monotonic() - t0)
-    serial_env = {**env, "CUCO_RECORD_DIR": str(args.record.resolve())} if args.record else env
-    parts.append(run_part(*PARTS[1], 1, limit, out, serial_env))
+    parts.append(run_part(*PARTS[1], 1, limit, out, env))
     wall = time.monotonic() - t0
     text, ok = summary(mode, parts, files, wall, budget, notes)
     (out / "gpu_tier.json").write_text(json.dumps({"mode": mode, "budget_s": budget, "wall_s": round(wall, 1),

@@ -3,9 +3,9 @@ answer that waits for everything first grades correct but below the mark, one wi
 same results graded from a recording (no GPU) agree. The mark is set as benchmarks/exercise/record.py sets it:
 halfway between the reference and the serial answer, measured here.
 
-Every hidden answer is evaluated once, in this module's warm evaluator (record.evaluate_all). With CUCO_RECORD_DIR
-set (device_samples.sh exercise; gpu_tier.py --record), those same results are written there as the recording
-(record.write_recording) and what it wrote is checked."""
+The graded answers (every hidden answer when recording) are evaluated once, in this module's warm evaluator
+(record.evaluate_all). With CUCO_RECORD_DIR set (device_samples.sh exercise), those same results are written there
+as the recording (record.write_recording) and what it wrote is checked."""
 from __future__ import annotations
 
 import json
@@ -31,10 +31,14 @@ pytestmark = [pytest.mark.serial, pytest.mark.skipif(not gpu_present(), reason="
 FIELDS = set(EvalResult.__dataclass_fields__)
 
 
+GRADED = ("reference", "waits_for_everything_first", "no_wait")  # what the tests below grade
+
+
 @pytest.fixture(scope="module")
 def runs(evaluator) -> dict[str, list[dict[str, Any]]]:
-    """Every hidden answer evaluated once here (the record script's form: result dicts without logs)."""
-    return evaluate_all(1, evaluator)
+    """The graded answers (every hidden answer when recording) evaluated once here, in the record script's form:
+    result dicts without logs."""
+    return evaluate_all(1, evaluator, None if os.environ.get("CUCO_RECORD_DIR") else GRADED)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +85,7 @@ def test_the_same_answers_grade_alike_from_a_recording(results):
                  "mark_rule": "midpoint, measured here",
                  "answers": {ex.answer_key(ANSWERS[n]): {"label": n, "result": r.to_dict()}
                              for n, r in results.items()}}
-    for name in ("reference", "waits_for_everything_first", "no_wait"):
+    for name in GRADED:
         res = results[name]
         live = ex.grade_result(res, mark=recording["mark"])
         replayed = ex.grade_from_recording(ANSWERS[name], recording)
