@@ -3,11 +3,13 @@
   python benchmarks/search/search_vs_random.py                          # CPU: the SIMULATED evaluator
   PYTHONPATH=. python3 benchmarks/search/search_vs_random.py --evaluator gpu --out "$OUT"    # one GPU, ~4 min
 
-For each workload (default gemm_allgather and moe_dispatch_combine) and each of --seeds search seeds, two runs of
-the search engine from the workload's baseline, 4 ranks under symm at the small preset: one whose every slot is
+A landscape is a workload at a world size and backend (--landscapes WORKLOAD:WORLD:BACKEND,...; default the
+attention kernel at world size 1 under nccl, where only its compute knobs matter, and MoE and GEMM + AllGather at 4
+ranks under symm). For each landscape and each of --seeds search seeds, two runs of the search engine from the
+workload's baseline at the small preset: one whose every slot is
 the design-space source (Optuna over the knob block, range knobs as IntDistributions), one whose every slot is
 uniform random points of the same knob space (RandomKnobSource). Both get --budget candidate evaluations; when
-the wall cap (--budget-s, GPU only by default) stops runs early, every run of a workload is cut to the smallest
+the wall cap (--budget-s, GPU only by default) stops runs early, every run of a landscape is cut to the smallest
 count any of them reached, so the budgets stay equal (a run stopped before its first candidate is left out and
 listed). Per run: the best speed-up over the seed among its first N candidates.
 Per method: mean best, its 95% bootstrap interval (cuco_kit.evaluate.stats.mean_ci), and a two-sided
@@ -68,6 +70,7 @@ from cuco_kit.workload import load_workload
 ROOT = Path(__file__).resolve().parents[2]
 DEST = ROOT / "benchmarks" / "search"
 METHODS = ("search", "random")
+LANDSCAPES = "attention_cp:1:nccl,moe_dispatch_combine:4:symm,gemm_allgather:4:symm"
 WALL_CAP_REASON = "not evaluated: the benchmark's wall cap was reached"
 # Optuna 5 deprecates constraints_func (still honoured); once per ask it would drown the log.
 warnings.filterwarnings("ignore", category=FutureWarning, message=".*constraints_func.*")
@@ -141,14 +144,32 @@ class PrebuildingEvaluator:
         return self.inner.evaluate(request, progress)
 
 
-def one_run(workload: str, method: str, seed: int, evaluator: Any, args: argparse.Namespace, deadline: float,
-            store_dir: Path) -> dict[str, Any]:
+def parse_landscapes(spec: str) -> list[tuple[str, int, str]]:
+    """'WORKLOAD:WORLD:BACKEND,...' -> [(workload, world, backend)]; a bad entry is a one-line SystemExit."""
+    out = []
+    for item in (x.strip() for x in spec.split(",") if x.strip()):
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or parts[2] not in ("nccl", "symm") or \
+                not (ROOT / "sample_kernels" / parts[0]).is_dir():
+            raise SystemExit(f"--landscapes: {item!r} is not WORKLOAD:WORLD:BACKEND (a sample_kernels/ folder, a "
+                             "world size, nccl or symm), e.g. gemm_allgather:4:symm")
+        out.append((parts[0], int(parts[1]), parts[2]))
+    return out
+
+
+def landscape_name(workload: str, world: int, backend: str) -> str:
+    return f"{workload} {backend}-{world}"
+
+
+def one_run(landscape: tuple[str, int, str], method: str, seed: int, evaluator: Any, args: argparse.Namespace,
+            deadline: float, store_dir: Path) -> dict[str, Any]:
     """One search run into its own store; its candidates' results in evaluation order."""
+    workload, world, backend = landscape
     wl = load_workload(ROOT / "sample_kernels" / workload)
-    store_path = store_dir / f"{workload}-symm{args.world}-{method}-seed{seed}.sqlite"
+    store_path = store_dir / f"{workload}-{backend}{world}-{method}-seed{seed}.sqlite"
     for suffix in ("", "-wal", "-shm"):
         Path(str(store_path) + suffix).unlink(missing_ok=True)
-    cfg = SearchConfig(world_size=args.world, backend="symm", params=dict(wl.size_presets[args.preset]),
+    cfg = SearchConfig(world_size=world, backend=backend, params=dict(wl.size_presets[args.preset]),
                        iters=args.iters, seed=seed, proposals_per_generation=args.per_generation,
                        budget=BudgetConfig(generations=100000, wall_s=None if math.isinf(deadline) else
                                            max(1.0, deadline - time.monotonic()),
@@ -177,7 +198,8 @@ def one_run(workload: str, method: str, seed: int, evaluator: Any, args: argpars
             rows.append({"knobs": p.get("knobs"), "verdict": r.get("verdict"), "level": r.get("level_reached"),
                          "speedup": r.get("speedup") if ok else None, "speedup_ci": r.get("speedup_ci"),
                          "median_ms": r.get("median_ms") if ok else None})
-    return {"workload": workload, "method": method, "seed": seed, "error": error, "gpu": gpu,
+    return {"landscape": landscape_name(*landscape), "workload": workload, "world": world, "backend": backend,
+            "method": method, "seed": seed, "error": error, "gpu": gpu,
             "wall_s": round(time.monotonic() - t0, 1), "candidates": rows}
 
 
@@ -187,13 +209,14 @@ def best_of(rows: list[dict[str, Any]]) -> float | None:
     return max(ups) if ups else None
 
 
-def summarise(runs: list[dict[str, Any]], workloads: list[str], seeds: list[int]) -> dict[str, Any]:
+def summarise(runs: list[dict[str, Any]], landscapes: list[str], seeds: list[int]) -> dict[str, Any]:
+    """landscape name -> per method the best per seed, their mean and interval, and the rank test."""
     out: dict[str, Any] = {}
-    for wl in workloads:
+    for wl in landscapes:
         # A run the wall cap stopped before its first candidate says nothing: it is left out (and listed), and
         # the others are cut to the smallest count among those that ran.
-        mine = [r for r in runs if r["workload"] == wl and r["candidates"]]
-        dropped = [f"{r['method']} seed {r['seed']}" for r in runs if r["workload"] == wl and not r["candidates"]]
+        mine = [r for r in runs if r["landscape"] == wl and r["candidates"]]
+        dropped = [f"{r['method']} seed {r['seed']}" for r in runs if r["landscape"] == wl and not r["candidates"]]
         n = min((len(r["candidates"]) for r in mine), default=0)
         per: dict[str, Any] = {}
         for method in METHODS:
@@ -218,11 +241,12 @@ def fmt(v: float | None, p: int = 3) -> str:
 def make_table(result: dict[str, Any]) -> str:
     meta = result["meta"]
     lines = [f"# Offline search vs random sampling ({meta['badge']})", "",
-             f"{meta['world']} ranks under symm (one GPU shared), preset {meta['preset']}, {len(meta['seeds'])} seeds "
+             f"Landscape = workload, backend and world size (symm: ranks sharing one GPU, no NVLink), preset "
+             f"{meta['preset']}, {len(meta['seeds'])} seeds "
              f"per method, budget {meta['budget']} candidates per run ({meta['evaluator']} evaluator"
              + (f", {meta['gpu']}" if meta.get("gpu") else "") + f", {meta['date']}). Best = the best speed-up over "
              "the seed among a run's first N candidates (0 when none passed); interval: 95% bootstrap of the mean.",
-             "", "| workload | space | N | search mean best [95% CI] | random mean best [95% CI] | p | test |",
+             "", "| landscape | space | N | search mean best [95% CI] | random mean best [95% CI] | p | test |",
              "|---|---|---|---|---|---|---|"]
     notes: list[str] = []
     for wl, s in result["summary"].items():
@@ -245,12 +269,11 @@ def make_table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--evaluator", choices=("simulated", "gpu"), default="simulated")
-    ap.add_argument("--workloads", default="gemm_allgather,moe_dispatch_combine")
+    ap.add_argument("--landscapes", default=LANDSCAPES, help=f"WORKLOAD:WORLD:BACKEND,... (default {LANDSCAPES})")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--budget", type=int, default=10, help="candidate evaluations per run")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="wall cap: no evaluation starts after it (default 180 with a GPU, none without)")
-    ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--preset", default="small")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--per-generation", type=int, default=2)
@@ -259,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT"), help="also copy the files here")
     args = ap.parse_args(argv)
 
-    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    landscapes = parse_landscapes(args.landscapes)
+    names = [landscape_name(*ls) for ls in landscapes]
     seeds = list(range(args.seeds))
     gpu = args.evaluator == "gpu"
     if gpu:
@@ -276,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     dest = Path(args.dest) if args.dest else (DEST if gpu else Path(tempfile.mkdtemp(prefix="cuco-svr-")))
     dest.mkdir(parents=True, exist_ok=True)
     store_dir = Path(tempfile.mkdtemp(prefix="cuco-svr-stores-"))
-    parallel = args.parallel_runs or (len(workloads) * len(seeds) * len(METHODS) if gpu else 1)
-    jobs = [(wl, m, s) for s in seeds for wl in workloads for m in METHODS]  # interleaved: equal turns
+    parallel = args.parallel_runs or (len(landscapes) * len(seeds) * len(METHODS) if gpu else 1)
+    jobs = [(ls, m, s) for s in seeds for ls in landscapes for m in METHODS]  # interleaved: equal turns
     t0 = time.monotonic()
     runs: list[dict[str, Any]] = []
     try:
@@ -286,21 +310,22 @@ def main(argv: list[str] | None = None) -> int:
             for fut in cf.as_completed(futures):
                 r = fut.result()
                 runs.append(r)
-                print(f"  {r['workload']} {r['method']} seed {r['seed']}: {len(r['candidates'])} candidates, best "
+                print(f"  {r['landscape']} {r['method']} seed {r['seed']}: {len(r['candidates'])} candidates, best "
                       f"{fmt(best_of(r['candidates']))}x in {r['wall_s']} s" + (f" ({r['error']})" if r["error"]
                                                                                  else ""), flush=True)
     finally:
         if hasattr(inner, "close"):
             inner.close()
-    runs.sort(key=lambda r: (r["workload"], r["method"], r["seed"]))
-    meta = {"evaluator": args.evaluator, "badge": getattr(inner, "badge", "real"), "world": args.world,
-            "backend": "symm", "preset": args.preset, "seeds": seeds, "budget": args.budget, "iters": args.iters,
+    runs.sort(key=lambda r: (r["landscape"], r["method"], r["seed"]))
+    meta = {"evaluator": args.evaluator, "badge": getattr(inner, "badge", "real"),
+            "landscapes": [{"name": landscape_name(*ls), "workload": ls[0], "world": ls[1], "backend": ls[2]}
+                           for ls in landscapes], "preset": args.preset, "seeds": seeds, "budget": args.budget, "iters": args.iters,
             "wall_s": round(time.monotonic() - t0, 1), "budget_s": None if math.isinf(args.budget_s) else args.budget_s,
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": next((r["gpu"] for r in runs if r["gpu"]), None),
-            "space_size": {wl: markers.space_size(
-                (ROOT / "sample_kernels" / wl / load_workload(ROOT / "sample_kernels" / wl).baseline).read_text())
-                for wl in workloads}}
-    result = {"meta": meta, "summary": summarise(runs, workloads, seeds), "runs": runs}
+            "space_size": {landscape_name(*ls): markers.space_size(
+                (ROOT / "sample_kernels" / ls[0] / load_workload(ROOT / "sample_kernels" / ls[0]).baseline).read_text())
+                for ls in landscapes}}
+    result = {"meta": meta, "summary": summarise(runs, names, seeds), "runs": runs}
     (dest / "search_vs_random.json").write_text(json.dumps(result, indent=1, default=str) + "\n")
     table = make_table(result)
     (dest / "SEARCH_VS_RANDOM.md").write_text(table)

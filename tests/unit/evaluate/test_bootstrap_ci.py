@@ -85,7 +85,7 @@ def test_summary_cuts_runs_to_an_equal_budget() -> None:
     svr = _svr()
 
     def run(method: str, seed: int, ups: list[float | None]) -> dict:
-        return {"workload": "w", "method": method, "seed": seed,
+        return {"landscape": "w", "method": method, "seed": seed,
                 "candidates": [{"speedup": u} for u in ups]}
 
     runs = [run("search", 0, [1.1, 1.5, 2.0]), run("search", 1, [1.2, 1.3]),
