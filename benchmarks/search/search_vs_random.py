@@ -319,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     runs.sort(key=lambda r: (r["landscape"], r["method"], r["seed"]))
     meta = {"evaluator": args.evaluator, "badge": getattr(inner, "badge", "real"),
             "landscapes": [{"name": landscape_name(*ls), "workload": ls[0], "world": ls[1], "backend": ls[2]}
-                           for ls in landscapes], "preset": args.preset, "seeds": seeds, "budget": args.budget, "iters": args.iters,
+                           for ls in landscapes], "preset": args.preset, "seeds": seeds, "budget": args.budget,
+            "iters": args.iters,
             "wall_s": round(time.monotonic() - t0, 1), "budget_s": None if math.isinf(args.budget_s) else args.budget_s,
             "date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": next((r["gpu"] for r in runs if r["gpu"]), None),
             "space_size": {landscape_name(*ls): markers.space_size(
