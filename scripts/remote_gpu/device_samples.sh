@@ -6,7 +6,7 @@
 #   attention_tiles attention_tune attention_ncu attention_l2 attention_bench attention_fix
 #   moe_l2 moe_l2_skew moe_l2_fp8 moe_bench moe_bench_skew5 moe_bench_fp8 kv gemm8192_w4 timeline samples_gpu gpu_tier
 #   gpu_quick timing_races race_catch llm_search host_nccl import_shapes throughput launch_bias exercise gin
-#   bounded_waits
+#   bounded_waits search_vs_random
 # (attention_fix: the seeds and variants matching $ONLY (default: the Overlapped/ChunkFlags variants and the
 #  copy seed) again at 4 ranks, L2 and benchmark;
 #  attention_tiles: the attention kernel alone at every tile shape vs SDPA flash; attention_tune: the same, then
@@ -29,7 +29,9 @@
 #  the launch-bias table with its intervals, checked by its gpu test; exercise: the 05_teaching exercise's hidden
 #  answers evaluated at 2 symm ranks, the pass mark set and exercise-recording.json + .md written (copy them to
 #  recordings/ to commit), then its gpu test grading a right and two wrong answers; gin: the GIN variant at 2 and 4 symm ranks, its three
-#  wrong twins and the fast path's GIN branch; bounded_waits: a flag nobody raises ends in a verdict naming it)
+#  wrong twins and the fast path's GIN branch; bounded_waits: a flag nobody raises ends in a verdict naming it;
+#  search_vs_random: benchmarks/search/search_vs_random.py on its default landscapes, no evaluation started in the
+#  last 60 s of the step ($SVR_ARGS added, e.g. "--seeds 5 --budget 20"))
 # Each step writes its JSON, table and log into one archive, $OUT/<step>.tgz (one file per step, so a remote
 # runner that copies back only a few files gets everything), and prints its last lines. A step gets `--budget-s` =
 # what is left minus a margin, so it stops starting evaluations in time to write its JSON; steps that no longer
@@ -67,6 +69,7 @@ command_for() {  # $1 step, $2 budget seconds, $3 step folder
     samples_gpu)     echo "$PY -m pytest -q -p no:cacheprovider tests/gpu/test_samples_gpu.py" ;;
     timing_races)    echo "env CUCO_RECORD_DIR=$3 $PY -m pytest -q -p no:cacheprovider tests/gpu/test_launch_bias_gpu.py tests/gpu/test_race_amplification_gpu.py" ;;
     race_catch)      echo "env CUCO_RECORD_DIR=$3 CUCO_RACE_BUDGET_S=$(( $2 < 420 ? $2 : 420 )) $PY -m pytest -q -s -p no:cacheprovider tests/gpu/test_race_amplification_gpu.py" ;;
+    search_vs_random) echo "$PY benchmarks/search/search_vs_random.py --evaluator gpu --budget-s $(( $2 > 60 ? $2 - 60 : $2 )) --dest $3 ${SVR_ARGS:-}" ;;
     gpu_tier)        echo "$PY scripts/remote_gpu/gpu_tier.py --out $3 --budget-s $(( $2 < 540 ? $2 : 540 ))" ;;
     gpu_quick)       echo "$PY scripts/remote_gpu/gpu_tier.py --quick --out $3 --budget-s $(( $2 < 300 ? $2 : 300 ))" ;;
     llm_search)      echo "OUT=$3 $PY -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_llm_search_gpu.py" ;;
