@@ -31,7 +31,7 @@ from cuco_kit.evaluate.api import EvalRequest
 from cuco_kit.evaluate.device import MULTICAST_OFF, detect_gpu
 from cuco_kit.evaluate.gpu_evaluator import EvaluatorConfig, GpuEvaluator
 from cuco_kit.evaluate.stats import FLUSH_BYTES, ratio_label
-from cuco_kit.source import markers
+from cuco_kit.source import knob_rules, markers
 from cuco_kit.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,10 @@ def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
     """Every combination of the enum knobs; the integer knobs of written sets cycle (each with its own phase) so
     every value of every such knob is built and run at least once. Range knobs (tuning: thread counts, loads in
     flight, SM shares) stay at their defaults: a sample table compares designs, tuning them is the search's job.
-    Returns (knob values, source) pairs, the default's values first."""
+    A combination that breaks a knob rule is left out. Returns (knob values, source) pairs, the default's values
+    first."""
+    rules = knob_rules.rules(code)
+    defaults = {k.name: k.value for k in markers.knobs(code)}
     ks = [k for k in markers.knobs(code) if k.range is None]
     enums = [k for k in ks if not all(is_number(v) for v in k.allowed)]
     ints = [k for k in ks if k not in enums]
@@ -65,7 +68,7 @@ def covering_variants(code: str) -> list[tuple[dict[str, str], str]]:
         for m, k in enumerate(ints):
             kv[k.name] = k.value if i == 0 else k.allowed[(i + m) % len(k.allowed)]
         key = tuple(kv.items())
-        if key not in seen:
+        if key not in seen and knob_rules.is_valid(rules, {**defaults, **kv}):
             seen.add(key)
             out.append((kv, markers.set_knobs(code, kv)))
     return out

@@ -48,7 +48,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import RandomKnobSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.slots import build_workers_default, local_executor
-from cuco_kit.source import markers
+from cuco_kit.source import knob_rules, markers
 from cuco_kit.store import Store
 from cuco_kit.workload import load_workload
 
@@ -63,10 +63,11 @@ STRICT = {"seed_every": 1, "seed_beside_claims": False, "stop_rel_ci": None, "re
 
 
 def knob_points() -> list[str]:
-    """Every point of the baseline's knob block (the single evaluator's candidates), the default's first."""
+    """Every valid point of the baseline's knob block (the single evaluator's candidates), the default's first."""
     wl = load_workload(WL_REL)
     code = (Path(WL_REL) / str(wl.baseline)).read_text()
-    return [markers.set_knobs(code, kv) for kv in markers.knob_space(code)]
+    rules = knob_rules.rules(code)
+    return [markers.set_knobs(code, kv) for kv in markers.knob_space(code) if knob_rules.is_valid(rules, kv)]
 
 
 def per_hour(n: int, seconds: float, gpus: int) -> int:

@@ -69,7 +69,7 @@ from cuco_kit.search.config import SearchConfig
 from cuco_kit.search.design_space import DesignSpaceSource, RandomKnobSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.population import ProgramView
-from cuco_kit.source import markers
+from cuco_kit.source import knob_rules, markers
 from cuco_kit.store import Store
 from cuco_kit.workbench import recorded_runs
 from cuco_kit.workload import load_workload
@@ -90,10 +90,12 @@ PASS_LOG_CHARS = 800  # log tails kept for passing evaluations in the committed 
 # ------------------------------------------------------------------------------------------------ plan
 
 def knob_variants(code: str) -> list[tuple[dict[str, str], str]]:
-    """Every combination of the knob block's written-set knobs (the designs), range knobs at their defaults, as
-    (values, code): what is worth building ahead; other tunings build on demand."""
+    """Every combination of the knob block's written-set knobs (the designs) that keeps the knob rules, range
+    knobs at their defaults, as (values, code): what is worth building ahead; other tunings build on demand."""
     names = [k.name for k in markers.knobs(code) if k.range is None]
-    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code, names)]
+    rules, defaults = knob_rules.rules(code), {k.name: k.value for k in markers.knobs(code)}
+    return [(values, markers.set_knobs(code, values)) for values in markers.knob_space(code, names)
+            if knob_rules.is_valid(rules, {**defaults, **values})]
 
 
 def _shown(path: Path) -> str:

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     elif report.ok:
-        print(f"accepted: {len(report.blocks)} EVOLVE block(s), cell {report.cell}, frozen sha256 "
+        rules = f", {len(report.rules)} knob rule(s) kept" if report.rules else ""
+        print(f"accepted: {len(report.blocks)} EVOLVE block(s){rules}, cell {report.cell}, frozen sha256 "
               f"{report.frozen_hash}")
     else:
         print(f"rejected ({len(report.reasons)} reason(s)):", file=sys.stderr)

@@ -5,17 +5,20 @@ exponent), so the samplers see order and distance, not unrelated labels.
 Optuna has no lineage, so each proposal uses a throwaway in-memory study for its lineage node (the parent):
 the parent's own values are enqueued first (``enqueue_trial``) and told with its result, the parent's
 evaluated children are added as finished trials from our store's results, and then the sampler is asked for
-new points. Combinations known to fail (earlier failures in the lineage, or a user predicate) are infeasible
-through ``constraints_func``. Every point asked for becomes SEARCH/REPLACE edits of the knob lines, applied by
-cuco_kit.source.patch exactly like an LLM's diff, so design-space proposals carry the same diff format.
+new points. Combinations known to fail (earlier failures in the lineage, a point that breaks one of the knob
+block's rules, or a user predicate) are infeasible through ``constraints_func``, and a point the sampler asks for
+anyway is told failed and never proposed: no invalid point reaches evaluation. Every point asked for becomes
+SEARCH/REPLACE edits of the knob lines, applied by cuco_kit.source.patch exactly like an LLM's diff, so
+design-space proposals carry the same diff format.
 
 Samplers: ``GPSampler`` for small budgets run one at a time (it needs scipy and torch; when they are missing
 TPE is used and the fallback is logged once), ``TPESampler(multivariate=True, constant_liar=True)`` when
 evaluations run in parallel. Sampler seeds derive from the run's seed, the parent and the lineage size, so a
 seeded run asks the same points again.
 
-``RandomKnobSource`` samples the same space uniformly without repeats: the baseline the model-based search is
-compared against at equal evaluation budget (the search benchmark, search_vs_random).
+``RandomKnobSource`` samples the same space uniformly without repeats, drawing again while a knob rule fails: the
+baseline the model-based search is compared against at equal evaluation budget (the search benchmark,
+search_vs_random).
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuco_kit.search.population import ProgramView
 from cuco_kit.search.proposal import Proposal, ProposalContext, unified_diff
-from cuco_kit.source import markers, patch
+from cuco_kit.source import knob_rules, markers, patch
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -146,6 +149,7 @@ class DesignSpaceSource:
         parent = ctx.parent
         try:
             knobs = markers.knobs(parent.code)
+            rules = knob_rules.rules(parent.code)
         except Exception as exc:  # noqa: BLE001 - a parent without a usable knob block has no design space
             log.info("design space: program %s has no usable knob block (%s)", parent.id, exc)
             return []
@@ -160,12 +164,24 @@ class DesignSpaceSource:
         def key(values: dict[str, Any]) -> tuple[str, ...]:
             return tuple(str(values[n]) for n in dists)
 
+        rejected: dict[str, int] = {}  # why points were refused before evaluation: the broken rule, the predicate
+
+        def allowed_point(values: dict[str, str]) -> bool:
+            broken = knob_rules.first_broken(rules, values)
+            if broken is None and (self.is_valid is None or self.is_valid(values)):
+                return True
+            why = broken.label if broken is not None else "the search's own predicate (is_valid)"
+            rejected[why] = rejected.get(why, 0) + 1
+            return False
+
         def constraints(trial: Any) -> list[float]:
-            # Infeasible (> 0) when the lineage saw this combination fail or the user predicate rejects it.
+            # Infeasible (> 0) when the lineage saw this combination fail, a knob rule does not hold there or the
+            # user predicate rejects it.
             params = from_params(by_name, trial.params)
-            bad = key(params) in known_bad if len(params) == len(dists) else False
-            if self.is_valid is not None and len(params) == len(dists) and not self.is_valid(params):
-                bad = True
+            if len(params) != len(dists):
+                return [0.0]
+            bad = key(params) in known_bad or not knob_rules.is_valid(rules, params) or (
+                self.is_valid is not None and not self.is_valid(params))
             return [1.0 if bad else 0.0]
 
         lineage = [c for c in ctx.population.children_of(parent.id) if c.evaluated]
@@ -203,8 +219,9 @@ class DesignSpaceSource:
             trial = study.ask(dists)
             values = from_params(by_name, trial.params)
             k = key(values)
-            if k in seen or (self.is_valid is not None and not self.is_valid(values)):
-                # Already measured (or proposed in this batch): tell what we know so the sampler moves on.
+            if k in seen or not allowed_point(values):
+                # Already measured (or proposed in this batch), or invalid: tell what we know so the sampler
+                # moves on (an invalid point is told failed, never evaluated).
                 self._tell(study, trial, seen.get(k), known_bad, k)
                 continue
             code = self._apply(parent.code, knobs, values)
@@ -222,7 +239,7 @@ class DesignSpaceSource:
             for values in points:
                 if len(out) == ctx.n:
                     break
-                if key(values) in seen or (self.is_valid is not None and not self.is_valid(values)):
+                if key(values) in seen or not allowed_point(values):
                     continue
                 code = self._apply(parent.code, knobs, values)
                 if code is None or code in existing:
@@ -230,7 +247,13 @@ class DesignSpaceSource:
                 seen[key(values)] = None
                 existing.add(code)
                 out.append(self._proposal(ctx, parent, parent_values, values, code, len(lineage), None))
+        self._log_rejected(parent.id, rejected)
         return out
+
+    @staticmethod
+    def _log_rejected(parent_id: int, rejected: dict[str, int]) -> None:
+        for why, n in sorted(rejected.items(), key=lambda kv: -kv[1]):
+            log.info("design space: %d point(s) near program %s refused before evaluation: %s", n, parent_id, why)
 
     def _tell(self, study: Any, trial: Any, program: ProgramView | None, known_bad: set[tuple[str, ...]],
               k: tuple[str, ...]) -> None:
@@ -301,10 +324,11 @@ class RandomKnobSource:
         self.max_draws_per_proposal = max_draws_per_proposal
 
     def propose(self, ctx: ProposalContext) -> list[Proposal]:
-        base, knobs = None, []
+        base, knobs, rules = None, [], []
         for cand in [ctx.parent, *ctx.population.roots()]:
             try:
                 knobs = markers.knobs(cand.code)
+                rules = knob_rules.rules(cand.code)
             except Exception:  # noqa: BLE001 - no usable knob block: try the next candidate
                 knobs = []
             if knobs:
@@ -321,6 +345,7 @@ class RandomKnobSource:
         existing = {p.code for p in ctx.population.all()}
         out: list[Proposal] = []
         draws = 0
+        rejected: dict[str, int] = {}
         while len(out) < ctx.n and draws < self.max_draws_per_proposal * ctx.n:
             draws += 1
             values = {k.name: ctx.rng.choice(list(k.allowed)) for k in knobs}
@@ -328,6 +353,10 @@ class RandomKnobSource:
             if point in seen:
                 continue
             seen.add(point)
+            broken = knob_rules.first_broken(rules, values)
+            if broken is not None:  # an invalid point is drawn again, never proposed (uniform over the valid points)
+                rejected[broken.label] = rejected.get(broken.label, 0) + 1
+                continue
             code = DesignSpaceSource._apply(base.code, knobs, values)
             if code is None or code in existing:
                 continue
@@ -342,4 +371,5 @@ class RandomKnobSource:
                 + [f"knob:{n}" for n in changed],
                 source="design_space", parent_id=base.id, code=code,
                 meta={"sampler": "uniform random", "params": values}))
+        DesignSpaceSource._log_rejected(base.id, rejected)
         return out

@@ -15,7 +15,7 @@ from typing import Any
 
 from cuco_kit.errors import BadInput
 from cuco_kit.search.population import LINEAGE_TAG
-from cuco_kit.source import markers
+from cuco_kit.source import knob_rules, markers
 from cuco_kit.source.source_file import read_source
 from cuco_kit.store import Store, code_hash
 from cuco_kit.workload import Workload
@@ -87,14 +87,18 @@ def read_baseline(workload: Workload) -> str:
 def read_start(path: str | Path, what: str, hint: str) -> str:
     """The code of a file a search starts from (a ``--from`` result, a workload's baseline): readable source
     text with well-formed EVOLVE markers, at least one block (the search changes code only inside them) and a
-    knob block that keeps the contract, if it has one. BadInput (one line naming ``what`` and the file, then
-    ``hint``) otherwise, before anything is evaluated."""
+    knob block that keeps the contract, if it has one, its knob values keeping its knob rules. BadInput (one line
+    naming ``what`` and the file, then ``hint``) otherwise, before anything is evaluated."""
     code = read_source(path, what)
     try:
         found = markers.blocks(code)
-        markers.knobs(code)
+        values = {k.name: k.value for k in markers.knobs(code)}
+        broken = knob_rules.violated(knob_rules.rules(code), values)
     except BadInput as exc:
         raise BadInput(f"{what} {path}: {exc}") from None
+    if broken:
+        raise BadInput(f"{what} {path}: {broken[0]}, so its own point is invalid; set its knobs to a point that "
+                       "keeps the rules")
     if not found:
         raise BadInput(f"{what} {path}: no EVOLVE blocks, so the search could change nothing; {hint}")
     return code

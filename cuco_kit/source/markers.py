@@ -1,4 +1,4 @@
-"""EVOLVE blocks, the knob block and frozen-region hashing: the marker contract (docs/contracts.md, marker v1).
+"""EVOLVE blocks, the knob block and frozen-region hashing: the marker contract (docs/contracts.md, marker v2).
 
 A candidate's mutable code sits between ``// EVOLVE-BLOCK-START <name>`` and ``// EVOLVE-BLOCK-END`` lines. A START
 without a name (CUCo's and ShinkaEvolve's files) opens a block named by its place in the file, ``block_<n>`` for
@@ -6,6 +6,7 @@ the n-th block (`auto_named` lists them, `naming_note` says it in one line). Eve
 lines included) is frozen: its sha256 must equal the parent's. The block
 named ``knobs`` holds ``constexpr`` design-space knobs, each with its allowed values in a ``// knob:`` comment: a
 written set ``{a, b, c}`` or an integer range (``range 64..1024 step 64``, ``pow2 1..16``), see docs/contracts.md.
+Its ``// knob-rule:`` comment lines say which points are invalid; `cuco_kit.source.knob_rules` reads them.
 
 This module reads and rewrites that structure and nothing else; it needs no parser, so the search and the GPU
 image use it bare. What a candidate may do inside its blocks (the L0 policy) is `cuco_kit.source.static_check`.
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from cuco_kit.errors import BadInput
 
-MARKER_VERSION = 1
+MARKER_VERSION = 2  # 2: knob rules (`// knob-rule:` lines), which a version-1 reader would skip as comments
 KNOB_BLOCK = "knobs"
 AUTO_PREFIX = "block_"  # unnamed blocks are block_1, block_2, ... in file order
 
@@ -287,7 +288,8 @@ def scan_knobs(code: str, blks: list[Block]) -> tuple[list[Knob], list[str]]:
                 what = "a constexpr without '// knob: {a, b, ...}'" if "constexpr" in line else "not a knob"
                 problems.append(f"line {no}: {what} in the knob block: {line.strip()[:80]!r} (the knob block "
                                 f"holds only 'constexpr <type> NAME = VALUE; // knob: {{a, b}}' lines (or "
-                                f"'// knob: range LO..HI step S', '// knob: pow2 LO..HI') and comments)")
+                                f"'// knob: range LO..HI step S', '// knob: pow2 LO..HI'), "
+                                f"'// knob-rule: CONDITION' lines and comments)")
                 continue
             name, value = m.group("name"), m.group("value").strip()
             rng: KnobRange | None = None

@@ -1,9 +1,10 @@
-"""The L0 static check: the sandbox policy a candidate's EVOLVE blocks must keep (docs/contracts.md, marker v1).
+"""The L0 static check: the sandbox policy a candidate's EVOLVE blocks must keep (docs/contracts.md, marker v2).
 
 `check_candidate` rejects a candidate whose markers are malformed, whose frozen bytes differ from the parent's,
 whose knobs are outside the knob block, outside their allowed sets or re-declared with another set than the
-parent's, or whose host code inside blocks calls something outside the allow-list (found with tree-sitter; see
-`HOST_CALL_ALLOW` and `HOST_CALL_DENY`). Code outside blocks is not checked: it is byte-identical to the
+parent's, whose knob rules are malformed, broken by its knob values or not the parent's (`knob_rules`), or whose
+host code inside blocks calls something outside the allow-list (found with tree-sitter; see `HOST_CALL_ALLOW` and
+`HOST_CALL_DENY`). Code outside blocks is not checked: it is byte-identical to the
 parent's, which a person accepted. The marker contract itself (blocks, knobs, frozen hash) is `cuco_kit.source.markers`.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cuco_kit.errors import BadInput
-from cuco_kit.source import cuda_parse
+from cuco_kit.source import cuda_parse, knob_rules
 from cuco_kit.source.markers import (
     MARKER_VERSION,
     Block,
@@ -47,6 +48,7 @@ class L0Report:
     knobs: list[Knob] = field(default_factory=list)
     frozen_hash: str | None = None
     blocks: list[str] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)  # the knob rules' texts (empty when they could not be read)
 
     @property
     def knob_values(self) -> dict[str, str]:
@@ -65,6 +67,7 @@ class L0Report:
             "blocks": list(self.blocks),
             "knobs": self.knob_values,
             "knob_sets": {k.name: list(k.allowed) for k in self.knobs},
+            "knob_rules": list(self.rules),
             "cell": self.cell,
         }
 
@@ -366,6 +369,8 @@ def check_candidate(code: str, parent_code: str | None = None, *, extra_allow: I
         return L0Report(False, [f"markers: {exc}"])
     reasons: list[str] = []
     cand_knobs, knob_problems = scan_knobs(code, blks)
+    # Rules read the knobs: with a broken knob block they would only repeat its problems under other names.
+    cand_rules, rule_problems = knob_rules.scan_rules(code, blks, cand_knobs) if not knob_problems else ([], [])
     fhash = frozen_hash(code)
     if parent_code is not None:
         try:
@@ -377,9 +382,14 @@ def check_candidate(code: str, parent_code: str | None = None, *, extra_allow: I
         parent_knobs, _ = scan_knobs(parent_code, pblks)
         if not knob_problems:
             reasons += _knob_set_problems(cand_knobs, parent_knobs)
-    reasons += knob_problems
+            parent_rules, _ = knob_rules.scan_rules(parent_code, pblks, parent_knobs)
+            if not rule_problems:
+                reasons += knob_rules.rule_set_problems(cand_rules, parent_rules)
+    reasons += knob_problems + rule_problems
+    if not knob_problems and not rule_problems:
+        reasons += knob_rules.violated(cand_rules, {k.name: k.value for k in cand_knobs})
     reasons += whitelist_problems(code, blks, extra_allow)
-    return L0Report(not reasons, reasons, cand_knobs, fhash, [b.name for b in blks])
+    return L0Report(not reasons, reasons, cand_knobs, fhash, [b.name for b in blks], [r.text for r in cand_rules])
 
 
 # ---------------------------------------------------------------------------------------------- source files

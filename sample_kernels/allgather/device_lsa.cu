@@ -20,10 +20,14 @@
 #include "cuco_lsa.h"
 
 // EVOLVE-BLOCK-START knobs
-constexpr int kBlocks = 32;    // knob: {8, 16, 32, 64}
-constexpr int kThreads = 512;  // knob: {128, 256, 512, 1024}
+// CTAs of the push kernel (also the number of LSA barriers: CTA b pairs with CTA b of every peer).
+constexpr int kBlocks = 32;  // knob: range 4..64 step 4
+// Threads per CTA (whole warps).
+constexpr int kThreads = 512;  // knob: range 128..1024 step 128
+// Bytes per vector load / store.
 constexpr int kVecBytes = 16;  // knob: {4, 8, 16}
-constexpr int kUnroll = 2;     // knob: {1, 2, 4}
+// Vectors each thread keeps in flight before storing them to every peer.
+constexpr int kUnroll = 2;  // knob: pow2 1..4
 // EVOLVE-BLOCK-END
 
 static constexpr size_t kElemBytes = 2;  // bf16

@@ -10,8 +10,8 @@
 // Softmax scale 1/sqrt(D); causal masking compares GLOBAL positions (key > query is masked), so a rank's
 // sequence offset is respected whatever block of the sequence a segment is.
 //
-// Online softmax (flash attention 2): each CTA owns 64 or 128 queries of one head (4 warps x 16 or 32 rows, see
-// TileShape), keeps its Q fragments in registers, streams K/V in tiles of keys through shared memory (cp.async;
+// Online softmax (flash attention 2): each CTA owns the queries of one head, 16 rows per m-tile of each warp
+// (the defaults: 4 warps x 16 or 32 rows = 64 or 128 queries, see TileShape), keeps its Q fragments in registers, streams K/V in tiles of keys through shared memory (cp.async;
 // V(j) loads during Q K(j)^T and, with kPrefetchK, K(j+1) during the softmax and P V(j)) and keeps per-row
 // running max m, running sum l and the unnormalised output O in registers. The segments ARE the log-sum-exp
 // merge: moving from one segment to the next just continues the online softmax. Across kernel launches the same
@@ -45,7 +45,7 @@
 namespace attn {
 
 constexpr int kMaxSegments = 64;  // W * chunks <= 64 (8 ranks x 8 chunks)
-constexpr int kThreads = 128;
+constexpr int kWarps = 4;         // warps per CTA unless a tile shape says otherwise (TileConfig's last argument)
 constexpr int kPad = 8;           // bf16 of padding per smem row: conflict-free 32-bit fragment loads
 
 struct Segment {
@@ -117,14 +117,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 }
 
 // Stage rows [row0, row0 + kRows) of a [*, H, D] tensor (head already applied to `base`) into smem rows of
-// stride D + kPad; rows >= n_rows are zero-filled.
-template <int D, int kRows>
+// stride D + kPad with the CTA's kCtaThreads threads; rows >= n_rows are zero-filled.
+template <int D, int kRows, int kCtaThreads>
 __device__ __forceinline__ void load_tile(__nv_bfloat16 (*dst)[D + kPad], const __nv_bfloat16* base,
                                           size_t row_stride, int row0, int n_rows) {
   constexpr int kVecsPerRow = D / 8;
   constexpr int kVecs = kRows * kVecsPerRow;
 #pragma unroll
-  for (int i = threadIdx.x; i < kVecs; i += kThreads) {
+  for (int i = threadIdx.x; i < kVecs; i += kCtaThreads) {
     const int r = i / kVecsPerRow, c = i % kVecsPerRow;
     const bool ok = row0 + r < n_rows;
     const __nv_bfloat16* src = ok ? base + (size_t)(row0 + r) * row_stride + c * 8 : base;
@@ -161,13 +161,17 @@ __device__ __forceinline__ int next_segment(const Params& p, int si, int q_last,
   return si;
 }
 
-// A CTA's tile shape: kMTiles 16-row m-tiles per warp (kBlockQ = 4 warps x 16 x kMTiles queries; two halve the
+// A CTA's tile shape: kMTiles 16-row m-tiles per warp (kBlockQ = kWarps x 16 x kMTiles queries; two halve the
 // shared-memory fragment reads per mma, each K / V fragment feeding both, at the cost of registers), kBlockK keys
-// per streamed tile, whether K(j+1) is prefetched during tile j, and the CTAs per SM __launch_bounds__ asks for
-// (which caps registers at 64K / (128 * kMinCtas)).
-template <int M, int N, bool P, int C>
+// per streamed tile, whether K(j+1) is prefetched during tile j, the CTAs per SM __launch_bounds__ asks for (which
+// caps registers at 64K / (32 * kWarps * kMinCtas)) and the warps per CTA.
+//
+// What a shape must keep, or it does not build: kBlockK a multiple of 16 (ldmatrix reads n-tiles in pairs);
+// kBlockQ <= 2 * kBlockK (the Q tile is staged through the K and V buffers); the K and V buffers,
+// 2 * kBlockK * (D + kPad) bf16, within the 227 KiB of shared memory a CTA may have on sm_90 (ptxas refuses more).
+template <int M, int N, bool P, int C, int W = kWarps>
 struct TileConfig {
-  static constexpr int kMTiles = M, kBlockK = N, kMinCtas = C;
+  static constexpr int kMTiles = M, kBlockK = N, kMinCtas = C, kWarps = W;
   static constexpr bool kPrefetchK = P;
 };
 
@@ -179,17 +183,18 @@ template <> struct TileShape<32> : TileConfig<1, 128, false, 1> {};
 template <> struct TileShape<64> : TileConfig<2, 64, false, 1> {};
 template <> struct TileShape<128> : TileConfig<1, 64, false, 1> {};
 
-// grid (ceil(sq / kBlockQ), heads), block 128.
+// grid (ceil(sq / kBlockQ), heads), block 32 * kCtaWarps.
 //
 // Pipeline per key tile j: V(j) loads during S = Q K(j)^T. With kPrefetchK (FlashAttention 2's order), K(j+1) -
 // the next tile of this segment, or the first of the next segment when that one needs no wait or its flag is
 // already up - also loads during the softmax and O += P V(j); one K and one V buffer still suffice, since K(j+1)
 // is issued after every warp has read K(j). On an H200 that was slower at every shape tile_shapes.py compares
 // (it costs a barrier per tile), so the defaults load K(j) at the top of tile j.
-template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas>
-__global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Params p) {
+template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas, int kCtaWarps = kWarps>
+__global__ void __launch_bounds__(32 * kCtaWarps, kMinCtas) flash_fwd_kernel(const Params p) {
   static_assert(D % 16 == 0 && D <= 128, "head dim: a multiple of 16 up to 128");
-  constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
+  constexpr int kThreads = 32 * kCtaWarps;
+  constexpr int kBlockQ = kCtaWarps * 16 * kMTiles;
   constexpr int kKSteps = D / 16;  // k-steps of Q K^T
   constexpr int kDTiles = D / 8;   // n-tiles of P V
   constexpr int kNTiles = kBlockK / 8;
@@ -214,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
   }
 
   // Q tile -> registers (A fragments), staged through the K/V buffers.
-  load_tile<D, kBlockQ>(kv, p.q + (size_t)h * D, row_stride, qt0, p.sq);
+  load_tile<D, kBlockQ, kThreads>(kv, p.q + (size_t)h * D, row_stride, qt0, p.sq);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
@@ -275,10 +280,10 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
           if (threadIdx.x == 0) cuco_wait_until(sg.flag, p.epoch);
           __syncthreads();  // hands thread 0's acquired view to the CTA
         }
-        load_tile<D, kBlockK>(ks, kb, row_stride, kt0, sg.n_keys);
+        load_tile<D, kBlockK, kThreads>(ks, kb, row_stride, kt0, sg.n_keys);
         cp_async_commit();
       }
-      load_tile<D, kBlockK>(vs, vb, row_stride, kt0, sg.n_keys);
+      load_tile<D, kBlockK, kThreads>(vs, vb, row_stride, kt0, sg.n_keys);
       cp_async_commit();
       cp_async_wait<1>();  // K(j) has landed; V(j) still in flight during Q K^T
       __syncthreads();
@@ -316,11 +321,11 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
         }
         __syncthreads();  // ks is free; next_ready is visible (with thread 0's acquired view)
         if (!last_tile) {
-          load_tile<D, kBlockK>(ks, kb, row_stride, kt0 + kBlockK, sg.n_keys);
+          load_tile<D, kBlockK, kThreads>(ks, kb, row_stride, kt0 + kBlockK, sg.n_keys);
           k_in_flight = true;
         } else if (next_ready) {
           const Segment& nx = p.seg[next_si];
-          load_tile<D, kBlockK>(ks, nx.k + (size_t)h * D, row_stride, 0, nx.n_keys);
+          load_tile<D, kBlockK, kThreads>(ks, nx.k + (size_t)h * D, row_stride, 0, nx.n_keys);
           k_in_flight = true;
         }
         cp_async_commit();  // possibly empty: V(j) stays the older pending group either way
@@ -436,20 +441,21 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) flash_fwd_kernel(const Par
 // Host: log2(e) / sqrt(d), the scale the kernel applies to Q K^T before exp2.
 inline float scale_log2(int d) { return (float)(1.4426950408889634 / sqrt((double)d)); }
 
-// Enqueue one launch of a given tile shape (benchmarks compare shapes; launch() picks TileShape<D>).
-template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas>
+// Enqueue one launch of a given tile shape (benchmarks compare shapes, device_lsa.cu's knobs pick one per head
+// dim; launch() picks TileShape<D>).
+template <int D, int kMTiles, int kBlockK, bool kPrefetchK, int kMinCtas, int kCtaWarps = kWarps>
 inline cudaError_t launch_shape(const Params& p, cudaStream_t stream) {
   if (p.sq <= 0 || p.heads <= 0 || p.n_seg < 0 || p.n_seg > kMaxSegments) return cudaErrorInvalidValue;
-  constexpr int kBlockQ = (kThreads / 32) * 16 * kMTiles;
+  constexpr int kBlockQ = kCtaWarps * 16 * kMTiles;
   const dim3 grid((unsigned)((p.sq + kBlockQ - 1) / kBlockQ), (unsigned)p.heads);
-  flash_fwd_kernel<D, kMTiles, kBlockK, kPrefetchK, kMinCtas><<<grid, kThreads, 0, stream>>>(p);
+  flash_fwd_kernel<D, kMTiles, kBlockK, kPrefetchK, kMinCtas, kCtaWarps><<<grid, 32 * kCtaWarps, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <int D>
 inline cudaError_t launch_default(const Params& p, cudaStream_t stream) {
   using T = TileShape<D>;
-  return launch_shape<D, T::kMTiles, T::kBlockK, T::kPrefetchK, T::kMinCtas>(p, stream);
+  return launch_shape<D, T::kMTiles, T::kBlockK, T::kPrefetchK, T::kMinCtas, T::kWarps>(p, stream);
 }
 
 // Enqueue one attention launch on `stream`; cudaErrorInvalidValue for a head dim other than 32, 64, 128.

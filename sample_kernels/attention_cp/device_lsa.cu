@@ -28,7 +28,7 @@
 // launches merge exactly like tiles of one launch. Causally, a rank never needs the K/V of higher ranks: their
 // segments are dropped on the host and, inside the kernel, every key tile after a CTA's last query is skipped.
 //
-// Design space (the knob block below; every combination compiles and is a working variant):
+// Design space (the knob block below; every point that keeps its knob rules compiles and is a working variant):
 //   kPlacement  kSequential  puts on ctx->stream, then attention: no overlap (the device-initiated twin of the
 //                            seed)
 //               kOverlapped  puts on a high-priority side stream launched first; attention on ctx->stream
@@ -46,6 +46,12 @@
 //               kWaitKernel  (kChunkFlags) one launch per segment, each remote one preceded by a 1-thread wait
 //                            kernel on ctx->stream; state carried between launches in the fp32 workspace
 //               (under kBarrier there are no flags and kWaitMode changes nothing)
+//   kPutThreads, kLoadBatch  put CTA size; 16-byte loads each put thread keeps in flight before storing them
+//   kAttn*      the attention kernel's tile (attention_kernel.cuh's TileConfig): warps per CTA, CTAs per SM asked
+//               of __launch_bounds__, K(j+1) prefetched during tile j, and per head dim (32, 64, 128: every one
+//               is built, the workload's D picks one at run time) the m-tiles per warp and the keys per K/V tile.
+//               The defaults are attn::TileShape<D>, the shapes the seeds run. Only the knobs of the head dim
+//               being run change anything.
 //
 // Signalling protocol (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores
 // `epoch` (cuco_signal) and the consumer waits for `>= epoch`, so flags are never reset. Pieces of a
@@ -86,19 +92,55 @@ constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChun
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
 constexpr int kChunks = 2;  // knob: {1, 2, 4}
 constexpr WaitMode kWaitMode = WaitMode::kInKernel;  // knob: {WaitMode::kInKernel, WaitMode::kWaitKernel}
+// Threads per put CTA, whole warps (a kWarp unit never straddles two CTAs), and the 16-byte loads each put thread
+// keeps in flight before storing them.
+constexpr int kPutThreads = 256;  // knob: range 128..1024 step 128
+constexpr int kLoadBatch = 4;  // knob: pow2 1..16
+// The attention kernel's tile: warps per CTA, CTAs per SM for __launch_bounds__, K(j+1) prefetched during tile j
+// (1) or not (0); then per head dim the m-tiles (16 query rows) per warp and the keys per K/V tile. Defaults:
+// attn::TileShape<D>.
+constexpr int kAttnWarps = 4;  // knob: pow2 1..8
+constexpr int kAttnMinCtas = 1;  // knob: range 1..4
+constexpr int kAttnPrefetchK = 0;  // knob: range 0..1
+constexpr int kAttnMTiles32 = 1;  // knob: range 1..2
+constexpr int kAttnBlockK32 = 128;  // knob: range 16..128 step 16
+constexpr int kAttnMTiles64 = 2;  // knob: range 1..2
+constexpr int kAttnBlockK64 = 64;  // knob: range 16..128 step 16
+constexpr int kAttnMTiles128 = 1;  // knob: range 1..2
+constexpr int kAttnBlockK128 = 64;  // knob: range 16..128 step 16
+// The Q tile (warps x 16 x m-tiles rows) is staged through the K and V buffers (2 x keys rows): the kernel's
+// static_assert, per head dim.
+// knob-rule: kAttnWarps * 16 * kAttnMTiles32 <= 2 * kAttnBlockK32
+// knob-rule: kAttnWarps * 16 * kAttnMTiles64 <= 2 * kAttnBlockK64
+// knob-rule: kAttnWarps * 16 * kAttnMTiles128 <= 2 * kAttnBlockK128
+// (The K and V buffers, 2 x keys rows of D + 8 bf16, are static shared memory: at most 68 KiB here, within the
+// 227 KiB a CTA may have on sm_90, so no rule is needed for them.)
 // EVOLVE-BLOCK-END
 
 // EVOLVE-BLOCK-START tuning
-constexpr int kPutThreads = 256;          // threads per put CTA
-constexpr int kLoadBatch = 4;             // 16-byte loads each thread keeps in flight before storing them
 constexpr int kWarpVecsPerLane = 8;       // kWarp: 32 lanes x 8 x 16 B = 4 KiB per piece
-constexpr int kCtaVecsPerThread = 8;      // kCta: 256 threads x 8 x 16 B = 32 KiB per piece
+constexpr int kCtaVecsPerThread = 8;      // kCta: kPutThreads x 8 x 16 B per piece (32 KiB at 256 threads)
 constexpr int kOverlapPutSmPercent = 20;  // kOverlapped: share of the SMs the put grid may hold
 constexpr int kWaitThreads = 32;          // threads of a wait kernel
 // EVOLVE-BLOCK-END
 
 constexpr int kVecBytes = 16;  // one uint4: 8 bf16
 constexpr int kWarpSize = 32;
+
+// One attention launch at the knob block's tile for head dim d (cudaErrorInvalidValue for another head dim).
+cudaError_t launch_attention(const attn::Params& p, int d, cudaStream_t stream) {
+  constexpr bool kPrefetch = kAttnPrefetchK != 0;
+  switch (d) {
+    case 32:
+      return attn::launch_shape<32, kAttnMTiles32, kAttnBlockK32, kPrefetch, kAttnMinCtas, kAttnWarps>(p, stream);
+    case 64:
+      return attn::launch_shape<64, kAttnMTiles64, kAttnBlockK64, kPrefetch, kAttnMinCtas, kAttnWarps>(p, stream);
+    case 128:
+      return attn::launch_shape<128, kAttnMTiles128, kAttnBlockK128, kPrefetch, kAttnMinCtas, kAttnWarps>(p, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
 
 template <Issuer I>
 __host__ __device__ constexpr int unit_threads() {
@@ -157,7 +199,7 @@ int attend(const State& s, const attn::Segment* segs, int n, bool load, bool sto
   p.store_state = store;
   p.write_out = write;
   p.epoch = epoch;
-  return cuco_cuda_status(attn::launch(p, s.d, stream));
+  return cuco_cuda_status(launch_attention(p, s.d, stream));
 }
 
 // EVOLVE-BLOCK-START put_kernel

@@ -42,6 +42,8 @@
 //                            page table into shared memory, copies with lane-strided 16-byte vectors, signals
 //   kPutBlocks  CTAs of the put (or pull) kernel: SMs taken from the concurrent GEMM vs transfer bandwidth
 //   kChunkTokens tokens per chunk: the unit of work and, with kChunk, of signalling
+//   kPutThreads, kLoadBatch  put / pull CTA size; 16-byte loads each thread keeps in flight before storing them
+//               (with kPutBlocks and kChunkTokens: the per-layer kernel's shape)
 //
 // Signalling (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores `epoch`
 // (cuco_signal: a release store at system scope after the unit's barrier, so all the unit's stores are
@@ -75,13 +77,17 @@ enum class Issuer { kWarp, kCta };
 constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream, Placement::kPull}
 constexpr SyncScope kSyncScope = SyncScope::kChunk;  // knob: {SyncScope::kLayer, SyncScope::kChunk}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
-constexpr int kPutBlocks = 32;  // knob: {8, 16, 32, 64}
-constexpr int kChunkTokens = 32;  // knob: {8, 16, 32, 64, 128}
+constexpr int kPutBlocks = 32;  // knob: range 4..64 step 4
+constexpr int kChunkTokens = 32;  // knob: {8, 16, 32, 64, 128, 256, 512}
+// Threads per put / pull CTA, whole warps (a kWarp unit never straddles two CTAs), and the 16-byte loads each
+// thread keeps in flight before storing them.
+constexpr int kPutThreads = 512;  // knob: range 128..1024 step 128
+constexpr int kLoadBatch = 4;  // knob: pow2 1..16
+// (Each unit's row map, kChunkTokens ints with kPutThreads / 32 units in a kWarp CTA, is static shared memory of
+// the put and pull kernels: at most 64 KiB here, within the 227 KiB a CTA may have on sm_90, so no rule is needed.)
 // EVOLVE-BLOCK-END
 
 // EVOLVE-BLOCK-START tuning
-constexpr int kPutThreads = 512;     // threads per put / pull CTA
-constexpr int kLoadBatch = 4;        // 16-byte loads each thread keeps in flight before storing them
 constexpr int kWaitThreads = 256;    // threads of the decode rank's wait kernel (one flag each, strided)
 constexpr int kSignalThreads = 256;  // threads of the pull-mode signal kernel
 // EVOLVE-BLOCK-END

@@ -35,6 +35,8 @@
 //   kPutBlocks   CTAs of each put_rows launch (each with its own ring)
 //   kChunkRows   rows per put: fewer, larger puts vs load balance
 //   kStageSlots  slots per ring: puts in flight per CTA between flushes
+//   kPutThreads  threads per push CTA (they pack each chunk into its slot)
+//   kWaitThreads threads of the wait kernel and of the counts put
 // Dispatch wire format: the workload's FP8 parameter (moe_kernels.cuh), as in device_lsa.cu. Outputs travel back
 // in bf16.
 //
@@ -60,14 +62,13 @@ enum class Placement { kSequential, kTwoStream };
 
 // EVOLVE-BLOCK-START knobs
 constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kSequential, Placement::kTwoStream}
-constexpr int kPutBlocks = 16;  // knob: {8, 16, 32}
+constexpr int kPutBlocks = 16;  // knob: range 4..32 step 4
 constexpr int kChunkRows = 8;  // knob: {2, 4, 8, 16}
 constexpr int kStageSlots = 4;  // knob: {2, 4, 8}
-// EVOLVE-BLOCK-END
-
-// EVOLVE-BLOCK-START tuning
-constexpr int kPutThreads = 512;  // threads per push CTA (they pack a chunk; the put is the CTA's)
-constexpr int kWaitThreads = 32;  // threads of the wait kernel (one waits, the rest keep its coop)
+// Threads per push CTA, whole warps (they pack a chunk; the put is the CTA's).
+constexpr int kPutThreads = 512;  // knob: range 128..1024 step 128
+// Threads of the wait kernel (one waits, the rest keep its coop) and of the counts put.
+constexpr int kWaitThreads = 32;  // knob: pow2 32..512
 // EVOLVE-BLOCK-END
 
 // The five windows every source has, then the staging rings.

@@ -81,7 +81,7 @@ constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kS
 constexpr SyncScope kSyncScope = SyncScope::kRank;  // knob: {SyncScope::kRank, SyncScope::kCta}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kWarp, Issuer::kCta}
 constexpr Combine kCombine = Combine::kPushBack;  // knob: {Combine::kPushBack, Combine::kPull}
-constexpr int kPutBlocks = 32;  // knob: {8, 16, 32, 64}
+constexpr int kPutBlocks = 32;  // knob: range 4..64 step 4
 constexpr int kChunkRows = 8;  // knob: {2, 4, 8, 16, 32}
 // EVOLVE-BLOCK-END
 

@@ -1,5 +1,6 @@
-"""A search ends on its own when it has nothing new to propose: an offline search of gemm_allgather's 72-point knob
-space with --generations 400 stops once every point is evaluated ("design space exhausted"), and a search whose
+"""A search ends on its own when it has nothing new to propose: an offline search of a knob space with 72 valid
+points (96 before its knob rule) with --generations 400 stops once every valid point is evaluated, never one that
+breaks the rule ("design space exhausted"), and a search whose
 LLM keeps bringing nothing new stops after `max_empty_generations` such generations; the counts a search takes
 have upper bounds."""
 from __future__ import annotations
@@ -18,31 +19,39 @@ from cuco_kit.search.design_space import DesignSpaceConfig, DesignSpaceSource
 from cuco_kit.search.engine import SearchEngine
 from cuco_kit.search.proposal import Proposal, ProposalContext
 from cuco_kit.search.synthetic import write_synthetic_workload
-from cuco_kit.source import markers
+from cuco_kit.source import knob_rules, markers
 from cuco_kit.store import Store
 
-ROOT = Path(__file__).resolve().parents[3]
-GEMM = ROOT / "sample_kernels" / "gemm_allgather"
+# The synthetic baseline's 96 points less those where threads x chunks pass 1024 (256 x 8, 512 x 4, 512 x 8, for
+# each of 4 placements and 2 issuers): 72 valid points.
+RULE = "// knob-rule: kThreads * kChunks <= 1024\n"
 
 
-def test_an_offline_search_of_72_points_ends_with_design_space_exhausted(
+def test_an_offline_search_of_72_valid_points_ends_with_design_space_exhausted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """Through `cuco search` (in this process), with the random sampler to keep it short: which sampler asks
     does not matter to the end, since the source walks the untried points itself when its sampler has none."""
-    space = markers.space_size((GEMM / "device_lsa.cu").read_text())
-    assert space == 72
+    wl = write_synthetic_workload(tmp_path / "wl")
+    code = (wl / "baseline.cu").read_text()
+    code = code.replace("// EVOLVE-BLOCK-END", RULE + "// EVOLVE-BLOCK-END", 1)
+    (wl / "baseline.cu").write_text(code)
+    count = knob_rules.count_valid(code)
+    assert (count.total, count.valid) == (96, 72)
+    space = count.valid
     monkeypatch.setattr(search_command, "DesignSpaceSource",
                         lambda: DesignSpaceSource(DesignSpaceConfig(sampler="random")))
     db = tmp_path / "run.db"
-    assert main(["search", str(GEMM), "--evaluator", "simulated", "--generations", "400", "--db", str(db),
+    assert main(["search", str(wl), "--evaluator", "simulated", "--generations", "400", "--db", str(db),
                  "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["state"] == "finished" and summary["reason"].startswith("design space exhausted: generation ")
     assert summary["generations"] < 400
+    rules = knob_rules.rules(code)
     with Store(db, readonly=True) as st:
         programs = st.programs(summary["run_id"])
         points = {tuple(sorted(p["knobs"].items())) for p in programs if p["source"] != "seed"}
-        assert len(points) == space  # every point of the space, the baseline's included, once
+        assert len(points) == space  # every valid point of the space, the baseline's included, once
+        assert all(knob_rules.is_valid(rules, dict(p)) for p in points)  # and none that breaks the rule
         # and the seed, and the checks of programs promoted over the seed (search/remeasure.py)
         evs = st.evaluations(summary["run_id"])
         assert len(evs) == space + 1 + summary["remeasures"]

@@ -26,8 +26,9 @@ def test_blocks_are_found_with_lines_and_text():
         assert b.text == "".join(line + "\n" for line in lines[b.start_line:b.end_line - 1])
 
 
-def test_marker_version_is_one():
-    assert B.MARKER_VERSION == 1
+def test_marker_version_is_two():
+    # 2: knob rules; a version-1 reader would take a `// knob-rule:` line for a comment and accept a broken point
+    assert B.MARKER_VERSION == 2
 
 
 @pytest.mark.parametrize("ending", ["\n", "\r\n"])

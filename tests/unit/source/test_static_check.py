@@ -50,7 +50,7 @@ def test_parent_against_itself_is_accepted():
     assert report.blocks == ["knobs", "kernels", "step"]
     assert report.knob_values["kChunks"] == "4"
     d = report.to_dict()
-    assert d["ok"] is True and d["knobs"]["kThreads"] == "256" and d["marker_version"] == 1
+    assert d["ok"] is True and d["knobs"]["kThreads"] == "256" and d["marker_version"] == 2
 
 
 def test_edit_inside_a_block_is_accepted():

@@ -12,7 +12,7 @@ import torch
 from cuco_kit.errors import BadInput
 from cuco_kit.evaluate import build
 from cuco_kit.evaluate.rank.harness import rel_error
-from cuco_kit.source import markers, static_check
+from cuco_kit.source import knob_rules, markers, static_check
 from cuco_kit.workload import DTYPES
 
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_kernels" / "attention_cp"
@@ -249,9 +249,20 @@ EXPECTED_KNOBS = {
 }
 
 
+# The put kernel's and the attention kernel's tuning: range knobs, at the values the seeds and the
+# recordings use.
+EXPECTED_TUNING = {
+    "kPutThreads": ("range 128..1024 step 128", "256"), "kLoadBatch": ("pow2 1..16", "4"),
+    "kAttnWarps": ("pow2 1..8", "4"), "kAttnMinCtas": ("range 1..4", "1"), "kAttnPrefetchK": ("range 0..1", "0"),
+    **{f"kAttnMTiles{d}": ("range 1..2", m) for d, m in (("32", "1"), ("64", "2"), ("128", "1"))},
+    **{f"kAttnBlockK{d}": ("range 16..128 step 16", n) for d, n in (("32", "128"), ("64", "64"), ("128", "64"))},
+}
+
+
 def test_baseline_knob_block_parses():
     knobs = {k.name: k for k in markers.knobs(_code("device_lsa.cu"))}
-    assert {n: k.allowed for n, k in knobs.items()} == EXPECTED_KNOBS
+    assert {n: k.allowed for n, k in knobs.items() if n in EXPECTED_KNOBS} == EXPECTED_KNOBS
+    assert {n: (k.spec, k.value) for n, k in knobs.items() if n not in EXPECTED_KNOBS} == EXPECTED_TUNING
     for k in knobs.values():
         assert k.value in k.allowed
 
@@ -269,20 +280,35 @@ def test_baseline_has_mutable_blocks_besides_knobs():
     assert {"tuning", "put_kernel", "launch_shape", "schedule"} <= set(names)
 
 
-def test_every_knob_value_is_an_l0_valid_child():
-    # L0 judges each knob line on its own, so every value once (plus the all-non-default corner) covers the
-    # 2*2*2*3*2 = 48 combinations without parsing the file 48 times (the compile tier builds the variants).
+def test_every_knob_value_is_an_l0_valid_child_where_the_rules_hold():
+    # L0 judges each knob line on its own (and the rules on the whole point), so every value once, the others at
+    # their defaults, plus the all-non-default design corner covers the 48 designs without parsing the file 48
+    # times (the compile tier builds corners of the space). A value whose point breaks a rule is refused.
     parent = _code("device_lsa.cu")
-    default = {k.name: k.value for k in markers.knobs(parent)}
-    combos = [tuple({**default, name: value}[n] for n in EXPECTED_KNOBS)
-              for name, allowed in EXPECTED_KNOBS.items() for value in allowed]
-    combos.append(tuple(next(v for v in allowed if v != default[name]) for name, allowed in EXPECTED_KNOBS.items()))
+    knobs, rules = markers.knobs(parent), knob_rules.rules(parent)
+    default = {k.name: k.value for k in knobs}
+    points = [{**default, k.name: v} for k in knobs for v in k.allowed]
+    points.append({**default, **{name: next(v for v in allowed if v != default[name])
+                                 for name, allowed in EXPECTED_KNOBS.items()}})
     assert math.prod(len(a) for a in EXPECTED_KNOBS.values()) == 48
-    for values in dict.fromkeys(combos):
-        child = markers.set_knobs(parent, dict(zip(EXPECTED_KNOBS, values)))
-        report = static_check.check_candidate(child, parent)
-        assert report.ok, (values, report.reasons)
-        assert report.knob_values == dict(zip(EXPECTED_KNOBS, values))
+    refused = 0
+    for values in points:
+        report = static_check.check_candidate(markers.set_knobs(parent, values), parent)
+        assert report.ok == knob_rules.is_valid(rules, values), (values, report.reasons)
+        assert report.knob_values == values
+        refused += not report.ok
+    assert refused  # some single moves break a rule: 16 keys under a 64-row Q tile, say
+
+
+def test_the_tile_rules_are_the_kernels_static_assert():
+    # The Q tile (warps x 16 x m-tiles rows) is staged through 2 x keys rows of K and V buffers (the kernel's
+    # static_assert); one rule per head dim, each reading only its own tile knobs and the warps.
+    rules = knob_rules.rules(_code("device_lsa.cu"))
+    assert [r.names for r in rules] == [("kAttnWarps", f"kAttnMTiles{d}", f"kAttnBlockK{d}") for d in (32, 64, 128)]
+    default = {k.name: k.value for k in markers.knobs(_code("device_lsa.cu"))}
+    assert knob_rules.is_valid(rules, {**default, "kAttnWarps": "4", "kAttnBlockK64": "64"})  # 4 x 16 x 2 = 128
+    assert not knob_rules.is_valid(rules, {**default, "kAttnWarps": "8", "kAttnBlockK64": "64"})
+    assert knob_rules.is_valid(rules, {**default, "kAttnWarps": "8", "kAttnBlockK64": "128"})
 
 
 def test_bad_knob_value_is_refused():

@@ -17,7 +17,7 @@ from cuco_kit.source import markers, static_check
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_kernels" / "kv_transfer"
 TINY = {"L": 2, "S": 8, "D": 16, "KVD": 4, "PAGE": 0}
 TINY_PAGED = {**TINY, "PAGE": 2}
-KNOBS = {"kPlacement", "kSyncScope", "kIssuer", "kPutBlocks", "kChunkTokens"}
+KNOBS = {"kPlacement", "kSyncScope", "kIssuer", "kPutBlocks", "kChunkTokens", "kPutThreads", "kLoadBatch"}
 
 
 # ----------------------------------------------------------------------------------------------- definition
@@ -252,6 +252,7 @@ def test_baseline_and_every_knob_value_pass_l0(baseline_code):
             r = static_check.check_candidate(variant, baseline_code)
             assert r.ok, (knob.name, value, r.reasons)
             assert r.knob_values[knob.name] == value
+
 
 
 def test_sources_declare_backends_scratch_and_no_stray_knobs(wl):
