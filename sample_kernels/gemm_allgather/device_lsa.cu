@@ -38,8 +38,6 @@
 //   kIssuer     kThread / kWarp / kCta: the unit that owns a piece of a chunk, stores it (thread: a contiguous
 //                            run per thread; warp/CTA: coalesced, lane-strided) and reports its arrival
 //   kChunks     1, 2, 4, 8: pipeline depth (more chunks: earlier first GEMM, more and smaller GEMMs)
-//   kPutThreads, kLoadBatch  put CTA size; 16-byte loads each put thread keeps in flight before storing them
-// (The GEMMs are cuBLAS's: it picks their tiles at run time, so there is no GEMM tile here to make a knob.)
 //
 // Signalling protocol (cuco_abi.h): ctx->epoch is 1 on the first step and +1 per step; a producer stores
 // `epoch` (cuco_signal) and the consumer waits for `>= epoch` (cuco_wait), so flags are never reset. Pieces
@@ -74,16 +72,14 @@ constexpr Placement kPlacement = Placement::kTwoStream;  // knob: {Placement::kS
 constexpr Sync kSync = Sync::kChunkFlags;  // knob: {Sync::kBarrier, Sync::kChunkFlags}
 constexpr Issuer kIssuer = Issuer::kWarp;  // knob: {Issuer::kThread, Issuer::kWarp, Issuer::kCta}
 constexpr int kChunks = 4;  // knob: {1, 2, 4, 8}
-// Threads per put CTA, whole warps (a kWarp unit never straddles two CTAs), and the 16-byte loads each put thread
-// keeps in flight before storing them.
-constexpr int kPutThreads = 512;  // knob: range 128..1024 step 128
-constexpr int kLoadBatch = 4;  // knob: pow2 1..16
 // EVOLVE-BLOCK-END
 
 // EVOLVE-BLOCK-START tuning
+constexpr int kPutThreads = 512;           // threads per put CTA
+constexpr int kLoadBatch = 4;              // 16-byte loads each thread keeps in flight before storing them
 constexpr int kThreadPieceVecs = 64;       // kThread: 1 KiB contiguous per thread-owned piece
 constexpr int kWarpVecsPerLane = 8;        // kWarp: 32 lanes x 8 x 16 B = 4 KiB per piece
-constexpr int kCtaVecsPerThread = 4;       // kCta: kPutThreads x 4 x 16 B per piece (32 KiB at 512 threads)
+constexpr int kCtaVecsPerThread = 4;       // kCta: 512 threads x 4 x 16 B = 32 KiB per piece
 constexpr int kPersistentSmPercent = 12;   // kPersistent: share of the SMs the put kernel may hold
 constexpr int kWaitThreads = 32;           // threads of a wait kernel (one flag each, strided)
 // EVOLVE-BLOCK-END
