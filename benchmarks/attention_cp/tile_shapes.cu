@@ -4,7 +4,8 @@
 #include "attention_kernel.cuh"
 
 // (D, m-tiles per warp, keys per tile, prefetch K, min CTAs per SM): shapes whose registers fit without spilling
-// (ptxas -v) and whose tiles fit in 48 KiB of static shared memory.
+// (ptxas -v) and whose tiles use at most 48 KiB of static shared memory: a choice for this hand-picked list, not
+// a limit (Hopper launches larger static allocations; device_lsa.cu's knob block spans the wider space).
 #define ATTN_TILE_SHAPES(X)                                                                                   \
   X(32, 1, 64, 0, 1) X(32, 1, 64, 1, 1) X(32, 1, 64, 1, 4) X(32, 1, 128, 0, 1) X(32, 1, 128, 1, 1)              \
   X(32, 2, 64, 1, 1)                                                                                          \
