@@ -9,14 +9,17 @@ note, edit, approve, a search from the result). Screenshots: test-artifacts/brow
 """
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 pytestmark = pytest.mark.timeout(360)
+ROOT = Path(__file__).resolve().parents[2]
 
 # Sums the points of the lineage tree and the evaluations of the latency plot, read from plotly's own data.
 PLOT_COUNTS_JS = """() => {
@@ -289,6 +292,50 @@ def test_05_teaching_chunk_slider_moves_model_and_measurement(lab: Any):
         assert fit and all(f[0] for f in fit), fit
         _no_real_badges(page)
         lab.shot(page, "05_teaching", at=".widget-slider")
+    finally:
+        lab.close(page)
+
+
+def _hidden_answers() -> dict[str, dict[str, str]]:
+    """The exercise's hidden answers (benchmarks/exercise/answers.py), which no notebook shows."""
+    spec = importlib.util.spec_from_file_location("answers", ROOT / "benchmarks" / "exercise" / "answers.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.ANSWERS
+
+
+@pytest.mark.skipif(not (ROOT / "recordings" / "exercise-recording.json").is_file(),
+                    reason="no exercise recording committed yet: benchmarks/exercise/record.py writes it on a GPU")
+def test_05_exercise_grades_recorded_answers_without_a_gpu(lab: Any):
+    """05_teaching's exercise on this GPU-less machine: the hidden reference answer, typed into its gap, grades
+    PASSED from the committed recording, badged replayed with the GPU it was recorded on; a schedule with no wait
+    grades not correct with a hint; an answer nobody recorded is not graded, and the cell says why."""
+    answers = _hidden_answers()
+    page = lab.open("05_teaching.ipynb")
+    try:
+        lab.run_all(page)
+        cell = page.locator(".cuco-exercise").last
+        assert "graded from the recording of" in cell.inner_text()
+        grade = cell.locator(".cuco-exercise-grade")
+
+        def submit(answer: dict[str, str], expect: str) -> str:
+            for gap in ("before_local", "per_chunk"):
+                cell.get_by_placeholder(f"your code for the gap '{gap}'").fill(answer.get(gap, ""))
+            _exact_button(cell, "Grade").click()
+            page.wait_for_function("([sel, want]) => { const e = document.querySelector(sel); "
+                                   "return e && e.innerText.includes(want); }",
+                                   arg=[".cuco-exercise .cuco-exercise-grade", expect], timeout=30_000)
+            return grade.inner_text()
+
+        text = submit(answers["reference"], "PASSED")
+        assert grade.locator(".cuco-badge[data-badge='replayed']").count() == 1, text
+        text = submit(answers["no_wait"], "not correct")
+        assert "hint:" in text, text
+        text = submit({"per_chunk": "int unused = 0;"}, "recorded")  # code (comments and spacing do not count)
+        assert "PASSED" not in text and "not correct" not in text, text
+        assert lab.red_boxes(page) == []
+        lab.shot(page, "05_exercise", at=".cuco-exercise")
     finally:
         lab.close(page)
 
