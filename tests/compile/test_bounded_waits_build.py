@@ -57,14 +57,6 @@ CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
 """
 
 
-def _toolchain() -> B.BuildConfig:
-    cfg = B.BuildConfig()
-    if shutil.which(cfg.nvcc) is None and not Path(cfg.nvcc).exists():
-        pytest.skip(f"nvcc not found ({cfg.nvcc})")
-    if cfg.nccl_include is None or cfg.nccl_lib is None:
-        pytest.skip("nvidia-nccl wheel (headers + libnccl.so.2) not installed")
-    return cfg
-
 
 def _exports(so: Path) -> str:
     if shutil.which("nm") is None:
@@ -80,23 +72,24 @@ def _built(code: str, backend: str, cfg: B.BuildConfig, cache: Path) -> Path:
 
 @pytest.mark.parametrize("backend", B.BACKENDS)
 @pytest.mark.parametrize("stress", [False, True], ids=["timed", "stress"])
-def test_every_wait_of_a_device_candidate_builds_bounded(backend: str, stress: bool, tmp_path: Path) -> None:
-    cfg = _toolchain()
-    so = _built(WAITS, backend, B.stress_config(cfg) if stress else cfg, tmp_path)
+def test_every_wait_of_a_device_candidate_builds_bounded(backend: str, stress: bool, tmp_path: Path,
+                                                          toolchain: B.BuildConfig) -> None:
+    so = _built(WAITS, backend, B.stress_config(toolchain) if stress else toolchain, tmp_path)
     names = _exports(so)
     assert BIND in names
     assert ("cuco_stress_configure" in names) == stress
     assert "spin" not in names  # the wait's out-of-line spin stays inside the module
 
 
-def test_host_nccl_under_symm_binds_its_waits_and_a_seed_without_waits_has_none(tmp_path: Path) -> None:
-    cfg = B.for_workload(_toolchain(), ALLGATHER)
+def test_host_nccl_under_symm_binds_its_waits_and_a_seed_without_waits_has_none(tmp_path: Path,
+                                                                                 toolchain: B.BuildConfig) -> None:
+    cfg = B.for_workload(toolchain, ALLGATHER)
     assert BIND in _exports(_built((ALLGATHER / "seed_nccl.cu").read_text(), "symm", cfg, tmp_path))
     assert BIND not in _exports(_built((ALLGATHER / "seed_copy.cu").read_text(), "symm", cfg, tmp_path))
 
 
-def test_bind_refuses_another_layout_before_it_touches_cuda(tmp_path: Path) -> None:
-    lib = ctypes.CDLL(str(_built(WAITS, "symm", _toolchain(), tmp_path)), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+def test_bind_refuses_another_layout_before_it_touches_cuda(tmp_path: Path, toolchain: B.BuildConfig) -> None:
+    lib = ctypes.CDLL(str(_built(WAITS, "symm", toolchain, tmp_path)), mode=os.RTLD_NOW | os.RTLD_LOCAL)
     bind = getattr(lib, BIND)
     bind.argtypes = [ctypes.c_void_p]
     bind.restype = ctypes.c_int

@@ -36,18 +36,10 @@ ENTRY_POINTS = ("cuco_setup", "cuco_step", "cuco_teardown")
 pytestmark = pytest.mark.timeout(BUDGET_S)
 
 
-def _toolchain() -> B.BuildConfig:
-    cfg = B.BuildConfig()
-    if shutil.which(cfg.nvcc) is None and not Path(cfg.nvcc).exists():
-        pytest.skip(f"nvcc not found ({cfg.nvcc})")
-    if cfg.nccl_include is None or cfg.nccl_lib is None:
-        pytest.skip("nvidia-nccl wheel (headers + libnccl.so.2) not installed")
-    return cfg
-
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    cfg = _toolchain()
+def built(tmp_path_factory: pytest.TempPathFactory, toolchain: B.BuildConfig) -> dict:
+    cfg = toolchain
     cache = tmp_path_factory.mktemp("builds")
     t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=MAX_WORKERS) as pool:
@@ -139,8 +131,8 @@ CUCO_EXPORT int cuco_teardown(cuco_ctx_t*) { return 0; }
 """
 
 
-def test_real_nvcc_cache_hit_miss_and_error(tmp_path: Path) -> None:
-    cfg = _toolchain()
+def test_real_nvcc_cache_hit_miss_and_error(tmp_path: Path, toolchain: B.BuildConfig) -> None:
+    cfg = toolchain
     first = B.build(TINY, "symm", cfg, tmp_path)
     assert first.ok, first.log
     again = B.build(TINY, "symm", cfg, tmp_path)
@@ -153,8 +145,9 @@ def test_real_nvcc_cache_hit_miss_and_error(tmp_path: Path) -> None:
     assert not (tmp_path / f"{broken.key}.so").exists()
 
 
-def test_a_host_nccl_call_symm_does_not_serve_fails_at_build_not_at_dlopen(tmp_path: Path) -> None:
-    cfg = _toolchain()
+def test_a_host_nccl_call_symm_does_not_serve_fails_at_build_not_at_dlopen(tmp_path: Path,
+                                                                            toolchain: B.BuildConfig) -> None:
+    cfg = toolchain
     code = (ROOT / "sample_kernels" / "allgather" / "seed_nccl.cu").read_text()
     split = ("ncclComm_t part;\n"
              "  if (ncclCommSplit((ncclComm_t)ctx->nccl_comm, 0, 0, &part, NULL)) return CUCO_ERR_NCCL;\n")
@@ -215,6 +208,6 @@ CUCO_EXPORT int cuco_teardown(cuco_ctx_t* ctx) {
 
 
 @pytest.mark.parametrize("backend", B.BACKENDS)
-def test_compat_api_surface_matches_real_nccl(backend: str, tmp_path: Path) -> None:
-    res = B.build(API_SURFACE, backend, _toolchain(), tmp_path)
+def test_compat_api_surface_matches_real_nccl(backend: str, tmp_path: Path, toolchain: B.BuildConfig) -> None:
+    res = B.build(API_SURFACE, backend, toolchain, tmp_path)
     assert res.ok, res.log[-4000:]
